@@ -1,0 +1,41 @@
+# The two commands (see README): `make demo` and `make test`. Everything else is plumbing.
+# Torch is installed first and on its own: `torch==2.13.0` resolves to a local CPU wheel on the
+# project's machines; set TORCH_SPEC / TORCH_INDEX for another build (e.g. a CUDA wheel index).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.gridtnp-installed
+
+.PHONY: install demo test test-slow lint format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job on the embedded default data.
+demo: install
+	$(BIN)/gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
+	$(BIN)/gridtnp test --config recipes/gp1d_tnp.yaml --ckpt_path last
+
+## The test suite (fast tests only; under 10 minutes on 2 CPU cores).
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+## Heavy checks excluded from the timed suite.
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) runs lightning_logs .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,111 @@
+"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, and ``list`` for the registry.
+
+gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
+gridtnp list processor
+gridtnp list model --params
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from gridtnp.registry import KINDS, ConfigError, available, describe
+
+
+class GridTNPCLI(LightningCLI):
+    """LightningCLI with gridtnp's defaults: a best/last checkpoint callback and the parameter count printed."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {"checkpoint.monitor": "val/loglik", "checkpoint.mode": "max", "checkpoint.save_last": True}
+        )
+
+    def before_fit(self) -> None:
+        n = getattr(self.model, "num_parameters", None)
+        if n is not None and self.trainer.is_global_zero:
+            print(f"gridtnp: {type(self.model).__name__} with {n:,} trainable parameters")
+
+
+def trainer_defaults() -> dict[str, Any]:
+    """Gradient clipping 0.5, bf16-mixed on CUDA and 32-bit elsewhere, runs under ``runs/``."""
+    return {
+        "gradient_clip_val": 0.5,
+        "precision": "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true",
+        "default_root_dir": "runs",
+    }
+
+
+def run_lightning(args: list[str] | None = None) -> None:
+    """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``."""
+    from gridtnp.module import NeuralProcessModule
+
+    GridTNPCLI(
+        NeuralProcessModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_defaults=trainer_defaults(),
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+def list_components(args: list[str]) -> None:
+    """``gridtnp list [KIND] [--params]``: the registry, one component a line."""
+    parser = argparse.ArgumentParser(prog="gridtnp list", description="List registered components.")
+    parser.add_argument("kind", nargs="?", choices=list(KINDS), help="only this kind")
+    parser.add_argument("--params", action="store_true", help="build each model preset and count its parameters")
+    opts = parser.parse_args(args)
+    kinds = [opts.kind] if opts.kind else list(KINDS)
+    for kind in kinds:
+        print(f"{kind}: {KINDS[kind]}")
+        for name in available(kind):
+            extra = ""
+            if opts.params and kind == "model":
+                from gridtnp.models import count_parameters, create_model
+
+                extra = f"  [{count_parameters(create_model(name)):,} parameters]"
+            print(f"  {name:<24} {describe(kind, name)}{extra}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``gridtnp`` console script."""
+    import gridtnp  # noqa: F401  (registers every component)
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if args and args[0] == "list":
+            list_components(args[1:])
+        else:
+            run_lightning(None if argv is None else args)
+    except Exception as err:
+        # jsonargparse re-raises errors from a model's __init__ wrapped in its own ValueError:
+        # report the ConfigError underneath (it says what to fix) instead of a traceback.
+        config_error = _find_config_error(err)
+        if config_error is None:
+            raise
+        print(f"gridtnp: error: {config_error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _find_config_error(err: BaseException | None) -> ConfigError | None:
+    """The first ``ConfigError`` in an exception's chain of causes and contexts."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, ConfigError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+if __name__ == "__main__":
+    main()

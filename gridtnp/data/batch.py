@@ -1,0 +1,140 @@
+"""The batch that every DataModule yields and every model consumes.
+
+Shapes: ``x [B, N, Dx]``, ``y [B, N, Dy]``, ``mask [B, N]`` (bool, ``True`` = a real point).
+Sets of different sizes in one batch are padded to the largest and masked; padded points
+never change a prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+#: Source name used when a task has one context set.
+DEFAULT_SOURCE = "points"
+
+
+class BatchError(ValueError):
+    """A batch whose tensors do not have the documented shapes or types."""
+
+
+@dataclass
+class Observations:
+    """A padded set of observations: ``x [B, N, Dx]``, ``y [B, N, Dy]``, ``mask [B, N]``."""
+
+    x: Tensor
+    y: Tensor | None = None
+    mask: Tensor | None = None
+    name: str = "observations"
+
+    def __post_init__(self) -> None:
+        where = self.name
+        if not isinstance(self.x, Tensor) or self.x.dim() != 3:
+            raise BatchError(f"{where}: x must be a tensor [B, N, Dx]; got {_shape(self.x)}.")
+        b, n = self.x.shape[:2]
+        if self.y is not None and (not isinstance(self.y, Tensor) or self.y.dim() != 3 or self.y.shape[:2] != (b, n)):
+            raise BatchError(
+                f"{where}: y must be [B, N, Dy] with the B and N of x; x is {_shape(self.x)}, y is {_shape(self.y)}."
+            )
+        if self.mask is None:
+            self.mask = torch.ones(b, n, dtype=torch.bool, device=self.x.device)
+        elif not isinstance(self.mask, Tensor) or self.mask.shape != (b, n) or self.mask.dtype != torch.bool:
+            raise BatchError(
+                f"{where}: mask must be a bool tensor [B, N] = {(b, n)}; got {_shape(self.mask)}"
+                f"{'' if not isinstance(self.mask, Tensor) else ' of ' + str(self.mask.dtype)}."
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def num_points(self) -> int:
+        return self.x.shape[1]
+
+    def valid(self) -> Tensor:
+        """``[B, N]`` mask with points whose ``y`` has a NaN (missing values) removed."""
+        if self.y is None:
+            return self.mask
+        return self.mask & ~torch.isnan(self.y).any(-1)
+
+    def to(self, device: torch.device | str) -> Observations:
+        """The same observations on ``device``."""
+        y = None if self.y is None else self.y.to(device, non_blocking=True)
+        return Observations(self.x.to(device, non_blocking=True), y, self.mask.to(device, non_blocking=True), self.name)
+
+    def pin_memory(self) -> Observations:
+        return Observations(
+            self.x.pin_memory(), None if self.y is None else self.y.pin_memory(), self.mask.pin_memory(), self.name
+        )
+
+
+@dataclass
+class Batch:
+    """Context per source (``{name: Observations}``), targets, and optional per-task extras [B]."""
+
+    context: dict[str, Observations]
+    target: Observations
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.context, dict) or not self.context:
+            raise BatchError("Batch.context must be a non-empty dict {source name: Observations}.")
+        b = self.target.batch_size
+        for name, obs in self.context.items():
+            if obs.batch_size != b:
+                raise BatchError(f"context[{name!r}] has batch size {obs.batch_size} but target has {b}.")
+            if obs.y is None:
+                raise BatchError(f"context[{name!r}] has no y values.")
+            if obs.x.shape[-1] != self.target.x.shape[-1]:
+                raise BatchError(
+                    f"context[{name!r}].x has Dx={obs.x.shape[-1]} but target.x has Dx={self.target.x.shape[-1]}."
+                )
+
+    @property
+    def batch_size(self) -> int:
+        return self.target.batch_size
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            {k: v.to(device) for k, v in self.context.items()},
+            self.target.to(device),
+            {k: v.to(device) for k, v in self.extras.items()},
+        )
+
+    def pin_memory(self) -> Batch:
+        return Batch(
+            {k: v.pin_memory() for k, v in self.context.items()},
+            self.target.pin_memory(),
+            {k: v.pin_memory() for k, v in self.extras.items()},
+        )
+
+
+def make_observations(
+    x: Tensor, y: Tensor | None = None, mask: Tensor | None = None, name: str = "observations"
+) -> Observations:
+    """Observations from tensors, named for error messages."""
+    return Observations(x, y, mask, name)
+
+
+def pad_sets(xs: list[Tensor], ys: list[Tensor]) -> Observations:
+    """Pad variable-size sets ``x_i [N_i, Dx]``, ``y_i [N_i, Dy]`` into one masked ``Observations``.
+
+    For assembling a batch from user data; never used inside a model.
+    """
+    n = max((x.shape[0] for x in xs), default=0)
+    b = len(xs)
+    x_pad = xs[0].new_zeros(b, n, xs[0].shape[-1])
+    y_pad = ys[0].new_zeros(b, n, ys[0].shape[-1])
+    mask = torch.zeros(b, n, dtype=torch.bool, device=xs[0].device)
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        x_pad[i, : len(x)] = x
+        y_pad[i, : len(y)] = y
+        mask[i, : len(x)] = True
+    return Observations(x_pad, y_pad, mask)
+
+
+def _shape(t: object) -> str:
+    return str(tuple(t.shape)) if isinstance(t, Tensor) else type(t).__name__

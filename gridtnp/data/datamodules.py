@@ -1,0 +1,181 @@
+"""LightningDataModules that draw synthetic tasks on the fly.
+
+Seeding, so that a rerun with the same ``seed`` sees exactly the same data:
+
+* training batch ``i`` of epoch ``e`` on global rank ``r`` comes from a generator seeded with
+  ``(seed, "train", r, e, i)``; dataloader worker ``w`` of ``W`` produces batches ``i = w, w + W, ...``, so ranks
+  and workers draw distinct tasks, and the epoch's batches do not depend on the number of workers;
+* validation / test batch ``i`` comes from ``(seed, "val" | "test", i)``: fixed sets, identical on every rank and
+  for any number of workers (Lightning's DistributedSampler shards the indices across ranks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from gridtnp.data.batch import Batch
+from gridtnp.data.tasks import Task
+from gridtnp.registry import ConfigError, build_from_spec, register
+
+
+def seed_from(*parts: object) -> int:
+    """A 63-bit seed mixed from ``parts`` (stable across processes and platforms, unlike ``hash``)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def generator_from(*parts: object) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded from ``parts``."""
+    return torch.Generator().manual_seed(seed_from(*parts))
+
+
+class TrainTaskStream(IterableDataset):
+    """Endless-task training data: ``num_batches`` whole batches per epoch, fresh each epoch and rank."""
+
+    def __init__(self, task: Task, batch_size: int, num_batches: int, seed: int = 0, rank: int = 0) -> None:
+        self.task, self.batch_size, self.num_batches = task, batch_size, num_batches
+        self.seed, self.rank, self.epoch = seed, rank, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the tasks of ``epoch`` on the next iteration."""
+        self.epoch = int(epoch)
+
+    def generator(self, index: int, epoch: int | None = None) -> torch.Generator:
+        """The generator for batch ``index`` of ``epoch`` (default: the current one) on this rank."""
+        return generator_from(self.seed, "train", self.rank, self.epoch if epoch is None else epoch, index)
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch = self.epoch
+        for index in range(worker, self.num_batches, workers):
+            yield self.task.sample(self.batch_size, self.generator(index, epoch))
+
+
+class FixedTaskSet(Dataset):
+    """A fixed evaluation set: batch ``i`` is always drawn from the generator seeded with ``(seed, split, i)``."""
+
+    def __init__(self, task: Task, batch_size: int, num_batches: int, seed: int = 0, split: str = "val") -> None:
+        self.task, self.batch_size, self.num_batches = task, batch_size, num_batches
+        self.seed, self.split = seed, split
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __getitem__(self, index: int) -> Batch:
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"{self.split} set has {self.num_batches} batches; got index {index}.")
+        return self.task.sample(self.batch_size, generator_from(self.seed, self.split, int(index)))
+
+
+class _EpochLoader(DataLoader):
+    """A DataLoader that tells its TrainTaskStream the epoch each time an iteration starts.
+
+    Lightning only calls ``set_epoch`` on samplers, which an IterableDataset does not have. The epoch comes from
+    ``epoch_fn`` (the trainer's ``current_epoch``), or counts iterations when that returns None. Workers are not
+    persistent so each epoch's workers receive the updated dataset.
+    """
+
+    def __init__(self, dataset: TrainTaskStream, epoch_fn: Callable[[], int | None], **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self._epoch_fn = epoch_fn
+        self._iterations = 0
+
+    def __iter__(self) -> Any:
+        epoch = self._epoch_fn()
+        self.dataset.set_epoch(self._iterations if epoch is None else epoch)
+        self._iterations += 1
+        return super().__iter__()
+
+
+@register("datamodule", "synthetic")
+class SyntheticDataModule(L.LightningDataModule):
+    """Synthetic meta-learning tasks drawn on the fly from a registered task generator.
+
+    Args:
+        task: a task spec ``{"name": "gp1d", **kwargs}`` or a bare registered task name.
+        batch_size: tasks per batch.
+        train_batches: batches per training epoch (per rank; split across dataloader workers).
+        val_batches: batches in the fixed validation set.
+        test_batches: batches in the fixed test set.
+        seed: base seed for every split.
+        num_workers: dataloader worker processes.
+    """
+
+    def __init__(
+        self,
+        task: dict[str, Any] | str,
+        batch_size: int = 16,
+        train_batches: int = 1000,
+        val_batches: int = 32,
+        test_batches: int = 64,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        for key, value, smallest in (
+            ("batch_size", batch_size, 1),
+            ("train_batches", train_batches, 1),
+            ("val_batches", val_batches, 0),
+            ("test_batches", test_batches, 0),
+            ("num_workers", num_workers, 0),
+        ):
+            if not isinstance(value, int) or value < smallest:
+                raise ConfigError(f"SyntheticDataModule: {key} must be an integer >= {smallest}; got {value!r}.")
+        self.save_hyperparameters()
+        self.task: Task = build_from_spec("task", task)
+        if not isinstance(self.task, Task):
+            raise ConfigError(
+                f"SyntheticDataModule: task {task!r} built a {type(self.task).__name__}, which lacks the task "
+                "interface (dim_x, dim_y, target_dim_y, sample(batch_size, generator))."
+            )
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.train_batches, self.val_batches, self.test_batches = train_batches, val_batches, test_batches
+
+    @property
+    def dim_x(self) -> int:
+        """Input dimension of the task."""
+        return self.task.dim_x
+
+    @property
+    def dim_y(self) -> dict[str, int]:
+        """Output dimension per context source."""
+        return dict(self.task.dim_y)
+
+    @property
+    def target_dim_y(self) -> int:
+        """Output dimension of the targets."""
+        return self.task.target_dim_y
+
+    def _rank(self) -> int:
+        return int(getattr(self.trainer, "global_rank", 0) or 0)
+
+    def _epoch(self) -> int | None:
+        return None if self.trainer is None else int(self.trainer.current_epoch)
+
+    def train_dataset(self) -> TrainTaskStream:
+        """The training stream for this process's global rank."""
+        return TrainTaskStream(self.task, self.batch_size, self.train_batches, self.seed, self._rank())
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        return {"batch_size": None, "num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
+
+    def train_dataloader(self) -> DataLoader:
+        return _EpochLoader(self.train_dataset(), self._epoch, persistent_workers=False, **self._loader_kwargs())
+
+    def val_dataloader(self) -> DataLoader:
+        dataset = FixedTaskSet(self.task, self.batch_size, self.val_batches, self.seed, "val")
+        return DataLoader(dataset, shuffle=False, **self._loader_kwargs())
+
+    def test_dataloader(self) -> DataLoader:
+        dataset = FixedTaskSet(self.task, self.batch_size, self.test_batches, self.seed, "test")
+        return DataLoader(dataset, shuffle=False, **self._loader_kwargs())

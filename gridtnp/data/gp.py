@@ -1,0 +1,433 @@
+"""Gaussian-process tasks: 1-D meta-regression, large 2-D tasks and a two-modality 2-D task.
+
+* ``gp1d``: the 1-D regression benchmark of the TE-TNP paper (Ashman et al., 2024): a kernel family per task
+  (SE, Matern-5/2, periodic), random length-scale, noisy observations, exact oracle log-likelihood.
+* ``gp2d``: the large 2-D tasks of the gridded TNP paper: SE kernel on [-6, 6]^2, 10,000 context and 1,000
+  target points, drawn by structured kernel interpolation (SKI) from a Kronecker grid.
+* ``gp2d_multimodal``: two correlated SKI fields; one observed on a regular grid, the other at scattered points.
+
+Kernels are gpytorch kernels with hyperparameters set directly; sampling and oracles run in float64 and
+every returned tensor is float32 on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from gridtnp.data.batch import DEFAULT_SOURCE, Batch, Observations
+from gridtnp.data.tasks import (
+    check_positive,
+    check_range,
+    check_sizes,
+    random_sizes,
+    uniform,
+    zero_padding,
+)
+from gridtnp.registry import ConfigError, register
+
+KERNELS = ("se", "matern52", "periodic")
+#: SKI grids extend this many cells beyond the domain on each side, so every cubic stencil of a point in the
+#: domain lies on the grid and no boundary handling is needed.
+SKI_MARGIN = 2
+#: The largest context + target count for which the 2-D tasks compute an exact oracle log-likelihood.
+MAX_ORACLE_POINTS = 2000
+
+
+def kernel(family: str, lengthscale: Tensor, period: Tensor | None = None) -> gpytorch.kernels.Kernel:
+    """A float64 gpytorch kernel with batch shape ``[b]`` and the given ``lengthscale [b]`` (and ``period [b]``).
+
+    The periodic kernel is the standard ``exp(-2 sin^2(pi |x - x'| / p) / l^2)``; gpytorch divides the
+    ``sin^2`` term by its ``lengthscale`` once, so it is given ``l^2``.
+    """
+    shape = torch.Size([lengthscale.shape[0]])
+    if family == "se":
+        k = gpytorch.kernels.RBFKernel(batch_shape=shape)
+    elif family == "matern52":
+        k = gpytorch.kernels.MaternKernel(nu=2.5, batch_shape=shape)
+    elif family == "periodic":
+        k = gpytorch.kernels.PeriodicKernel(batch_shape=shape)
+    else:
+        raise ConfigError(f"Unknown kernel family {family!r}; available: {', '.join(KERNELS)}.")
+    k = k.to(torch.float64)
+    lengthscale = lengthscale.to(torch.float64).view(-1, 1, 1)
+    with torch.no_grad():
+        if family == "periodic":
+            if period is None:
+                raise ValueError("The periodic kernel needs a period.")
+            k.lengthscale = lengthscale.square()
+            k.period_length = period.to(torch.float64).view(-1, 1, 1)
+        else:
+            k.lengthscale = lengthscale
+    return k
+
+
+def mixed_kernel_matrix(
+    x: Tensor, family: Tensor, lengthscale: Tensor, period: Tensor, families: Sequence[str]
+) -> Tensor:
+    """Covariance ``[B, N, N]`` of ``x [B, N, D]``, task b using kernel ``families[family[b]]``."""
+    out = x.new_empty(x.shape[0], x.shape[1], x.shape[1], dtype=torch.float64)
+    x = x.to(torch.float64)
+    for i, name in enumerate(families):
+        idx = (family == i).nonzero().squeeze(-1)
+        if idx.numel():
+            with torch.no_grad():
+                out[idx] = kernel(name, lengthscale[idx], period[idx]).forward(x[idx], x[idx])
+    return out
+
+
+def jittered_cholesky(cov: Tensor, jitter: float, tries: int = 4) -> tuple[Tensor, Tensor]:
+    """Cholesky factor of ``cov + jitter I`` ``[B, N, N]``, and that jittered matrix; the jitter grows
+    tenfold (for the whole batch) if a factorisation fails."""
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype)
+    for _ in range(tries):
+        jittered = cov + jitter * eye
+        chol, info = torch.linalg.cholesky_ex(jittered)
+        if not info.any():
+            return chol, jittered
+        jitter *= 10.0
+    raise RuntimeError(f"Cholesky failed even with jitter {jitter / 10:g}; the covariance is not positive definite.")
+
+
+def predictive_loglik(
+    k_cc: Tensor,
+    k_tc: Tensor,
+    k_tt: Tensor,
+    y_c: Tensor,
+    mask_c: Tensor,
+    y_t: Tensor,
+    mask_t: Tensor,
+    noise_var: float,
+) -> Tensor:
+    """Mean over valid targets of the exact GP posterior predictive marginal log-density ``[B]``.
+
+    ``k_cc [B, C, C]``, ``k_tc [B, T, C]``, ``k_tt [B, T]`` (the diagonal) are noise-free covariances, ``y_c [B, C]``
+    and ``y_t [B, T]`` noisy observations with noise variance ``noise_var``. Padded context points (``mask_c``
+    False) are removed by zeroing their covariances and putting 1 on their diagonal; an empty context gives the prior.
+    """
+    k_cc, k_tc, k_tt, y_c, y_t = (t.to(torch.float64) for t in (k_cc, k_tc, k_tt, y_c, y_t))
+    m = mask_c.to(torch.float64)
+    var = k_tt + noise_var
+    mean = torch.zeros_like(y_t)
+    if k_cc.shape[-1] > 0:
+        cov = k_cc * m[:, :, None] * m[:, None, :] + torch.diag_embed(noise_var * m + (1.0 - m))
+        chol = torch.linalg.cholesky(cov)
+        v = torch.linalg.solve_triangular(chol, (k_tc * m[:, None, :]).transpose(-1, -2), upper=False)  # [B, C, T]
+        alpha = torch.linalg.solve_triangular(chol, (y_c * m)[..., None], upper=False)  # [B, C, 1]
+        mean = (v * alpha).sum(-2)
+        var = (var - v.square().sum(-2)).clamp_min(1e-12)
+    logp = -0.5 * (torch.log(2 * math.pi * var) + (y_t - mean).square() / var)
+    valid = mask_t.to(torch.float64)
+    return (logp * valid).sum(-1) / valid.sum(-1).clamp_min(1.0)
+
+
+def joint_predictive_loglik(cov: Tensor, y: Tensor, mask_c: Tensor, noise_var: float) -> Tensor:
+    """:func:`predictive_loglik` ``[B]`` (float32) from the joint covariance ``[B, C + T, C + T]`` of context then
+    target points, observations ``y [B, C + T]`` and the context mask ``[B, C]``; every target is real."""
+    nc = mask_c.shape[1]
+    mask_t = torch.ones(y.shape[0], y.shape[1] - nc, dtype=torch.bool)
+    k_tt = cov[:, nc:, nc:].diagonal(dim1=-2, dim2=-1)
+    return predictive_loglik(
+        cov[:, :nc, :nc], cov[:, nc:, :nc], k_tt, y[:, :nc], mask_c, y[:, nc:], mask_t, noise_var
+    ).float()
+
+
+@register("task", "gp1d")
+class GP1D:
+    """1-D GP regression (TE-TNP): per task an SE / Matern-5/2 / periodic kernel, log-uniform length-scale, noise.
+
+    Length-scale ``l = exp(u)``, ``u ~ U[min_log_lengthscale, max_log_lengthscale]`` (default [log 0.25, log 4]);
+    the periodic kernel uses the same ``l`` (in the standard form, see :func:`kernel`) and a period
+    ``p ~ U[period_range]`` (default [0.5, 2]). Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
+    (padded to the batch maximum), ``N_t = num_targets``; ``x_c ~ U[context_range]``, ``x_t ~ U[target_range]``.
+    ``extras["oracle_loglik"] [B]``: mean per-target log-density under the true GP posterior predictive.
+    """
+
+    def __init__(
+        self,
+        kernels: Sequence[str] = KERNELS,
+        min_log_lengthscale: float = math.log(0.25),
+        max_log_lengthscale: float = math.log(4.0),
+        period_range: tuple[float, float] = (0.5, 2.0),
+        min_context: int = 1,
+        max_context: int = 64,
+        num_targets: int = 128,
+        context_range: tuple[float, float] = (-2.0, 2.0),
+        target_range: tuple[float, float] = (-3.0, 3.0),
+        noise: float = 0.2,
+        oracle: bool = True,
+        jitter: float = 1e-6,
+    ) -> None:
+        name = "gp1d"
+        self.kernels = tuple(kernels)
+        unknown = [k for k in self.kernels if k not in KERNELS]
+        if not self.kernels or unknown:
+            raise ConfigError(f"{name}: kernels must be a non-empty subset of {KERNELS}; got {tuple(kernels)}.")
+        if not min_log_lengthscale <= max_log_lengthscale:
+            raise ConfigError(
+                f"{name}: need min_log_lengthscale <= max_log_lengthscale; "
+                f"got {min_log_lengthscale} > {max_log_lengthscale}."
+            )
+        check_sizes(name, "min_context", min_context, "max_context", max_context)
+        check_sizes(name, "num_targets", num_targets, "num_targets", num_targets, smallest=1)
+        self.log_lengthscale_range = (float(min_log_lengthscale), float(max_log_lengthscale))
+        self.period_range = check_range(name, "period_range", period_range, allow_equal=True)
+        check_positive(name, "period_range[0]", self.period_range[0])
+        self.context_range = check_range(name, "context_range", context_range)
+        self.target_range = check_range(name, "target_range", target_range)
+        self.noise = check_positive(name, "noise", noise, allow_zero=True)
+        self.jitter = check_positive(name, "jitter", jitter)
+        self.min_context, self.max_context, self.num_targets = min_context, max_context, num_targets
+        self.oracle = oracle
+        self.dim_x = 1
+        self.dim_y = {DEFAULT_SOURCE: 1}
+        self.target_dim_y = 1
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """``batch_size`` tasks: context ``x [B, N_c, 1]`` (padded, masked), targets ``x [B, N_t, 1]``."""
+        g, b = generator, batch_size
+        family = torch.randint(len(self.kernels), (b,), generator=g)
+        lengthscale = uniform((b,), *self.log_lengthscale_range, g).exp()
+        period = uniform((b,), *self.period_range, g)
+        _, mask_c = random_sizes(b, self.min_context, self.max_context, g)
+        nc, nt = mask_c.shape[1], self.num_targets
+        x = torch.cat([uniform((b, nc, 1), *self.context_range, g), uniform((b, nt, 1), *self.target_range, g)], 1)
+
+        cov = mixed_kernel_matrix(x, family, lengthscale, period, self.kernels)
+        chol, cov = jittered_cholesky(cov, self.jitter)
+        f = chol @ torch.randn(b, nc + nt, 1, generator=g, dtype=torch.float64)
+        y = f + self.noise * torch.randn(b, nc + nt, 1, generator=g, dtype=torch.float64)
+
+        mask_t = torch.ones(b, nt, dtype=torch.bool)
+        extras = {}
+        if self.oracle:
+            extras["oracle_loglik"] = joint_predictive_loglik(cov, y[..., 0], mask_c, self.noise**2)
+        y = y.float()
+        context = Observations(zero_padding(x[:, :nc], mask_c), zero_padding(y[:, :nc], mask_c), mask_c, "context")
+        target = Observations(x[:, nc:], y[:, nc:], mask_t, "target")
+        return Batch({DEFAULT_SOURCE: context}, target, extras)
+
+
+class SKIGrid:
+    """SE-kernel GP fields on a ``G x G`` Kronecker grid over a square domain, cubically interpolated to points.
+
+    The grid covariance is ``K ⊗ K`` with ``K [G, G]`` the 1-D SE kernel matrix (plus jitter), so a field is
+    ``L E L^T`` with ``L = chol(K)`` and ``E [B, G, G]`` white noise: O(G^3) instead of a Cholesky of the
+    ``G^2 x G^2`` matrix. Points are interpolated with Keys' cubic convolution (a = -0.5, Catmull-Rom), so the
+    field at a point is ``sum_ij w_i(x1) w_j(x2) F[i, j]`` and the covariance of two points is the
+    product over dimensions of ``w(x) K w(x')^T``.
+    """
+
+    def __init__(self, domain: tuple[float, float], size: int, lengthscale: float, jitter: float = 1e-6) -> None:
+        low, high = domain
+        self.size = size
+        self.step = (high - low) / (size - 1 - 2 * SKI_MARGIN)
+        self.start = low - SKI_MARGIN * self.step
+        nodes = self.start + self.step * torch.arange(size, dtype=torch.float64)
+        se = kernel("se", torch.tensor([lengthscale]))
+        with torch.no_grad():
+            cov = se.forward(nodes[None, :, None], nodes[None, :, None])
+        chol, cov = jittered_cholesky(cov, jitter)
+        self.nodes = nodes
+        self.node_cov = cov[0]  # [G, G] float64
+        self.chol = chol[0].float()  # [G, G]
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Tensor:
+        """Independent GP fields at the grid nodes ``[B, G, G]``; ``F[b, i, j] = f_b(node_i, node_j)``."""
+        e = torch.randn(batch_size, self.size, self.size, generator=generator)
+        return self.chol @ e @ self.chol.T
+
+    def stencil(self, coord: Tensor) -> tuple[Tensor, Tensor]:
+        """Grid indices ``[..., 4]`` and cubic weights ``[..., 4]`` interpolating at coordinates ``[...]``."""
+        u = (coord - self.start) / self.step
+        first = u.floor().clamp(1, self.size - 3)
+        s = (u - first)[..., None] - torch.arange(-1, 3, dtype=u.dtype)  # offsets to the 4 nodes
+        s = s.abs()
+        a = -0.5
+        near = ((a + 2) * s - (a + 3)) * s * s + 1
+        far = ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+        weight = torch.where(s <= 1, near, torch.where(s < 2, far, torch.zeros_like(s)))
+        index = first.long()[..., None] + torch.arange(-1, 3)
+        return index, weight
+
+    def interpolate(self, field: Tensor, x: Tensor) -> Tensor:
+        """Values ``[B, N]`` of fields ``[B, G, G]`` at points ``x [B, N, 2]``."""
+        b, n = x.shape[:2]
+        i1, w1 = self.stencil(x[..., 0])
+        i2, w2 = self.stencil(x[..., 1])
+        flat = (i1[..., :, None] * self.size + i2[..., None, :]).reshape(b, n * 16)
+        values = field.reshape(b, -1).gather(1, flat).reshape(b, n, 4, 4)
+        return torch.einsum("bnij,bni,bnj->bn", values, w1.to(field.dtype), w2.to(field.dtype))
+
+    def covariance(self, x1: Tensor, x2: Tensor) -> Tensor:
+        """Exact covariance ``[B, N, M]`` of interpolated fields at ``x1 [B, N, 2]`` and ``x2 [B, M, 2]`` (float64)."""
+        out = None
+        for d in range(x1.shape[-1]):
+            w1, w2 = self._dense_weights(x1[..., d]), self._dense_weights(x2[..., d])
+            term = w1 @ self.node_cov @ w2.transpose(-1, -2)
+            out = term if out is None else out * term
+        return out
+
+    def _dense_weights(self, coord: Tensor) -> Tensor:
+        """Interpolation matrix ``[B, N, G]`` (float64) for coordinates ``[B, N]``."""
+        index, weight = self.stencil(coord.to(torch.float64))
+        dense = torch.zeros(*coord.shape, self.size, dtype=torch.float64)
+        return dense.scatter_add_(-1, index, weight)
+
+
+def _check_ski(name: str, lengthscale: float, noise: float, grid_size: int, domain: tuple[float, float]) -> None:
+    check_positive(name, "lengthscale", lengthscale)
+    check_positive(name, "noise", noise, allow_zero=True)
+    if grid_size < 4 + 2 * SKI_MARGIN:
+        raise ConfigError(f"{name}: grid_size must be >= {4 + 2 * SKI_MARGIN}; got {grid_size}.")
+    check_range(name, "domain", domain)
+
+
+def _check_oracle(name: str, oracle: bool, noise: float, points: int) -> None:
+    if oracle and points > MAX_ORACLE_POINTS:
+        raise ConfigError(
+            f"{name}: oracle=True needs at most {MAX_ORACLE_POINTS} context + target points (an exact GP "
+            f"posterior); this task has up to {points}. Set oracle=False or use fewer points."
+        )
+    if oracle and noise <= 0:
+        raise ConfigError(f"{name}: oracle=True needs noise > 0; got noise={noise}.")
+
+
+@register("task", "gp2d")
+class GP2D:
+    """Large 2-D GP tasks (gridded TNP): SE kernel, ``x ~ U[domain]^2``, drawn by SKI from a Kronecker grid.
+
+    ``N_c = num_context`` (or ``~ U{min_context..num_context}`` per task, padded and masked, when
+    ``min_context`` is set), ``N_t = num_targets``. ``oracle=True`` adds ``extras["oracle_loglik"] [B]``, exact
+    under the SKI covariance that generated the data; only for at most 2,000 points in all.
+    """
+
+    def __init__(
+        self,
+        lengthscale: float = 0.5,
+        noise: float = 0.1,
+        num_context: int = 10_000,
+        num_targets: int = 1_000,
+        min_context: int | None = None,
+        domain: tuple[float, float] = (-6.0, 6.0),
+        grid_size: int = 100,
+        oracle: bool = False,
+        jitter: float = 1e-6,
+    ) -> None:
+        name = "gp2d"
+        _check_ski(name, lengthscale, noise, grid_size, domain)
+        check_sizes(
+            name, "min_context", num_context if min_context is None else min_context, "num_context", num_context
+        )
+        check_sizes(name, "num_targets", num_targets, "num_targets", num_targets, smallest=1)
+        _check_oracle(name, oracle, noise, num_context + num_targets)
+        self.domain = check_range(name, "domain", domain)
+        self.noise, self.oracle = float(noise), oracle
+        self.num_context, self.num_targets, self.min_context = num_context, num_targets, min_context
+        self.grid = SKIGrid(self.domain, grid_size, lengthscale, jitter)
+        self.dim_x = 2
+        self.dim_y = {DEFAULT_SOURCE: 1}
+        self.target_dim_y = 1
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """``batch_size`` tasks: context ``x [B, N_c, 2]``, targets ``x [B, N_t, 2]``, ``y [B, N, 1]``."""
+        g, b = generator, batch_size
+        if self.min_context is None:
+            mask_c = torch.ones(b, self.num_context, dtype=torch.bool)
+        else:
+            _, mask_c = random_sizes(b, self.min_context, self.num_context, g)
+        nc, nt = mask_c.shape[1], self.num_targets
+        x = uniform((b, nc + nt, 2), *self.domain, g)
+        f = self.grid.interpolate(self.grid.sample(b, g), x)
+        y = (f + self.noise * torch.randn(b, nc + nt, generator=g))[..., None]
+
+        mask_t = torch.ones(b, nt, dtype=torch.bool)
+        extras = {}
+        if self.oracle:
+            cov = self.grid.covariance(x, x)
+            extras["oracle_loglik"] = joint_predictive_loglik(cov, y[..., 0], mask_c, self.noise**2)
+        context = Observations(zero_padding(x[:, :nc], mask_c), zero_padding(y[:, :nc], mask_c), mask_c, "context")
+        target = Observations(x[:, nc:], y[:, nc:], mask_t, "target")
+        return Batch({DEFAULT_SOURCE: context}, target, extras)
+
+
+@register("task", "gp2d_multimodal")
+class GP2DMultimodal:
+    """Two-modality 2-D GP (Hadamard multitask): ``f1 = g1``, ``f2 = c g1 + sqrt(1 - c^2) g2``, g1, g2 SKI fields.
+
+    Context ``"grid"``: noisy ``f1`` at the cell centres of a regular grid with ``points_per_unit`` points per
+    unit length along each axis (``x [B, n*n, 2]``, flattened in 'ij' order so ``x.view(B, n, n, 2)[b, i, j]``
+    is ``(c_i, c_j)``). Context ``"points"``: noisy ``f2`` at ``N_c ~ U{min_context..max_context}`` uniform
+    points. Targets: noisy ``f2`` at ``num_targets`` uniform points.
+    """
+
+    def __init__(
+        self,
+        correlation: float = 0.8,
+        lengthscale: float = 0.5,
+        noise: float = 0.1,
+        points_per_unit: float = 4.0,
+        min_context: int = 100,
+        max_context: int = 500,
+        num_targets: int = 250,
+        domain: tuple[float, float] = (-3.0, 3.0),
+        grid_size: int = 64,
+        oracle: bool = False,
+        jitter: float = 1e-6,
+    ) -> None:
+        name = "gp2d_multimodal"
+        _check_ski(name, lengthscale, noise, grid_size, domain)
+        if not -1.0 <= correlation <= 1.0:
+            raise ConfigError(f"{name}: correlation must lie in [-1, 1]; got {correlation}.")
+        check_positive(name, "points_per_unit", points_per_unit)
+        check_sizes(name, "min_context", min_context, "max_context", max_context)
+        check_sizes(name, "num_targets", num_targets, "num_targets", num_targets, smallest=1)
+        self.domain = check_range(name, "domain", domain)
+        low, high = self.domain
+        n = max(1, round(points_per_unit * (high - low)))
+        centres = low + (torch.arange(n, dtype=torch.float32) + 0.5) * (high - low) / n
+        self.grid_x = torch.stack(torch.meshgrid(centres, centres, indexing="ij"), -1).reshape(n * n, 2)
+        _check_oracle(name, oracle, noise, n * n + max_context + num_targets)
+        self.correlation, self.noise, self.oracle = float(correlation), float(noise), oracle
+        self.min_context, self.max_context, self.num_targets = min_context, max_context, num_targets
+        self.grid = SKIGrid(self.domain, grid_size, lengthscale, jitter)
+        self.dim_x = 2
+        self.dim_y = {"grid": 1, DEFAULT_SOURCE: 1}
+        self.target_dim_y = 1
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """``batch_size`` tasks: ``context["grid"]`` ``[B, n*n, .]``, ``context["points"]`` ``[B, N_c, .]`` (masked),
+        targets ``[B, N_t, .]``."""
+        g, b, c = generator, batch_size, self.correlation
+        _, mask_c = random_sizes(b, self.min_context, self.max_context, g)
+        nc, nt, ng = mask_c.shape[1], self.num_targets, self.grid_x.shape[0]
+        x_g = self.grid_x.expand(b, ng, 2)
+        x_p = uniform((b, nc + nt, 2), *self.domain, g)
+        g1, g2 = self.grid.sample(b, g), self.grid.sample(b, g)
+        f1 = self.grid.interpolate(g1, x_g)
+        f2 = self.grid.interpolate(c * g1 + math.sqrt(1.0 - c * c) * g2, x_p)
+        y_g = (f1 + self.noise * torch.randn(b, ng, generator=g))[..., None]
+        y_p = (f2 + self.noise * torch.randn(b, nc + nt, generator=g))[..., None]
+
+        mask_g = torch.ones(b, ng, dtype=torch.bool)
+        mask_t = torch.ones(b, nt, dtype=torch.bool)
+        extras = {}
+        if self.oracle:
+            # cov(f1, f1) = k, cov(f1, f2) = c k, cov(f2, f2) = (c^2 + 1 - c^2) k = k.
+            x_all = torch.cat([x_g, x_p], 1)
+            cov = self.grid.covariance(x_all, x_all)
+            cov[:, :ng, ng:] *= c
+            cov[:, ng:, :ng] *= c
+            y_all = torch.cat([y_g, y_p], 1)[..., 0]
+            extras["oracle_loglik"] = joint_predictive_loglik(cov, y_all, torch.cat([mask_g, mask_c], 1), self.noise**2)
+        context = {
+            "grid": Observations(x_g.clone(), y_g, mask_g, "context[grid]"),
+            DEFAULT_SOURCE: Observations(
+                zero_padding(x_p[:, :nc], mask_c), zero_padding(y_p[:, :nc], mask_c), mask_c, "context[points]"
+            ),
+        }
+        return Batch(context, Observations(x_p[:, nc:], y_p[:, nc:], mask_t, "target"), extras)

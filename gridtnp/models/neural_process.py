@@ -1,0 +1,185 @@
+"""The five-slot neural process: encoder -> grid encoder -> processor -> grid decoder -> likelihood.
+
+Every model in gridtnp, gridded or not, is this module with different components in the slots.
+A specification is a plain mapping (what a YAML recipe holds)::
+
+    {"dim_x": 1, "dim_y": 1, "dim": 128,
+     "encoder": {"name": "mlp"}, "grid_encoder": {"name": "identity"},
+     "processor": {"name": "transformer", "layers": 5},
+     "grid_decoder": {"name": "cross_attention", "layers": 5}, "likelihood": {"name": "gaussian"}}
+
+``build_model`` passes each component the shared keywords it accepts: ``dim``, ``dim_x``, ``dim_y``,
+``grid`` (the model's coordinate system), ``in_dim`` (width of the encoder's tokens) and, for the grid
+decoder, ``layers`` (the processor's number of states) unless the spec sets them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Distribution
+
+from gridtnp.data.batch import DEFAULT_SOURCE, Observations
+from gridtnp.nn.grids import Grid, as_grid
+from gridtnp.nn.tokens import Tokens
+from gridtnp.registry import ConfigError, accepted_arguments, build_from_spec, get
+
+SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
+MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid")
+
+
+class NeuralProcess(nn.Module):
+    """Context ``{source: Observations}`` and target locations ``xt [B, Nt, Dx]`` -> ``p(y_t) [B, Nt, Dy]``."""
+
+    def __init__(
+        self,
+        encoders: nn.ModuleDict,
+        grid_encoder: nn.Module,
+        processor: nn.Module,
+        grid_decoder: nn.Module,
+        likelihood: nn.Module,
+        dim_x: int,
+        target_source: str,
+        grid: Grid | None = None,
+    ) -> None:
+        super().__init__()
+        self.encoders = encoders
+        self.grid_encoder = grid_encoder
+        self.processor = processor
+        self.grid_decoder = grid_decoder
+        self.likelihood = likelihood
+        self.dim_x = dim_x
+        self.target_source = target_source
+        self.grid = grid
+
+    def forward(self, context: dict[str, Observations], xt: Tensor) -> Distribution:
+        """Predictive distribution at ``xt [B, Nt, Dx]`` given ``context`` (padded, masked sets)."""
+        self._check_inputs(context, xt)
+        tokens = {}
+        for name, obs in context.items():
+            # Points with a NaN in x or y are missing observations: masked out, and zeroed so that
+            # no NaN reaches a matmul (0 * NaN would still be NaN).
+            valid = obs.mask & ~torch.isnan(obs.x).any(-1) & ~torch.isnan(obs.y).any(-1)
+            x = torch.where(valid.unsqueeze(-1), obs.x, 0.0)
+            y = torch.where(valid.unsqueeze(-1), obs.y, 0.0)
+            tokens[name] = Tokens(x, self.encoders[name](x, y), valid)
+        xt = torch.nan_to_num(xt)
+        latent = self.grid_encoder(tokens)
+        states = self.processor(latent)
+        zt = self.encoders[self.target_source](xt, None)
+        return self.likelihood(self.grid_decoder(states, zt, xt))
+
+    def _check_inputs(self, context: dict[str, Observations], xt: Tensor) -> None:
+        unknown = set(context) - set(self.encoders)
+        if unknown:
+            raise ValueError(
+                f"context has source(s) {sorted(unknown)} that the model has no encoder for; "
+                f"model sources: {sorted(self.encoders)}. Set the model's dim_y to a mapping {{source: Dy}}."
+            )
+        if xt.dim() != 3 or xt.shape[-1] != self.dim_x:
+            raise ValueError(f"target x must be [B, Nt, Dx] with Dx = dim_x = {self.dim_x}; got {tuple(xt.shape)}.")
+        for name, obs in context.items():
+            if obs.x.shape[-1] != self.dim_x:
+                raise ValueError(
+                    f"context[{name!r}].x has Dx = {obs.x.shape[-1]} but the model was built with dim_x = {self.dim_x}."
+                )
+            dim_y = self.encoders[name].dim_y
+            if obs.y is None or obs.y.shape[-1] != dim_y:
+                got = None if obs.y is None else tuple(obs.y.shape)
+                raise ValueError(f"context[{name!r}].y must be [B, N, {dim_y}] for this model; got {got}.")
+            if obs.x.shape[0] != xt.shape[0]:
+                raise ValueError(f"context[{name!r}] has batch size {obs.x.shape[0]} but target x has {xt.shape[0]}.")
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if (isinstance(value, dict) and isinstance(out.get(key), dict) and "name" not in value) or (
+            isinstance(value, dict) and isinstance(out.get(key), dict) and value.get("name") == out[key].get("name")
+        ):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Expand ``{"preset": name, **overrides}`` into a full specification; other specs pass through."""
+    spec = {k: v for k, v in spec.items() if v is not None}
+    name = spec.pop("preset", None)
+    if name is None:
+        return spec
+    fn = get("model", name)
+    names, _ = accepted_arguments(fn)
+    preset_kwargs = {k: spec.pop(k) for k in list(spec) if k in names and k not in MODEL_KEYS}
+    shared = {k: spec[k] for k in spec if k in names}
+    return _deep_merge(fn(**preset_kwargs, **shared), spec)
+
+
+def build_model(spec: dict[str, Any]) -> NeuralProcess:
+    """A ``NeuralProcess`` from a specification (see the module docstring) or ``{"preset": ...}``."""
+    spec = resolve_spec(spec)
+    unknown = set(spec) - set(MODEL_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"model specification has unknown key(s) {sorted(unknown)}; allowed: {', '.join(MODEL_KEYS)}, preset."
+        )
+    missing = [s for s in SLOTS if s not in spec]
+    if missing:
+        raise ConfigError(f"model specification is missing slot(s) {missing}; every model fills {', '.join(SLOTS)}.")
+
+    dim = int(spec.get("dim", 128))
+    dim_x = int(spec.get("dim_x", 1))
+    dim_y = spec.get("dim_y", 1)
+    sources = {DEFAULT_SOURCE: int(dim_y)} if isinstance(dim_y, int) else {str(k): int(v) for k, v in dim_y.items()}
+    target_source = spec.get("target_source") or (next(iter(sources)) if len(sources) == 1 else None)
+    if target_source not in sources:
+        raise ConfigError(
+            f"target_source must name one of the context sources {sorted(sources)} (its encoder embeds the "
+            f"target locations); got {target_source!r}."
+        )
+    target_dim_y = int(spec.get("target_dim_y") or sources[target_source])
+    try:
+        grid = as_grid(spec.get("grid"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+    encoder_spec = spec["encoder"]
+    per_source = isinstance(encoder_spec, dict) and "name" not in encoder_spec and set(encoder_spec) <= set(sources)
+    encoders = nn.ModuleDict(
+        {
+            source: build_from_spec(
+                "encoder",
+                encoder_spec[source] if per_source else encoder_spec,
+                dim=dim,
+                dim_x=dim_x,
+                dim_y=dy,
+                grid=grid,
+            )
+            for source, dy in sources.items()
+        }
+    )
+    widths = {getattr(e, "out_dim", dim) for e in encoders.values()}
+    if len(widths) != 1:
+        raise ConfigError(f"all sources' encoders must produce tokens of one width; got {sorted(widths)}.")
+    shared = {"dim": dim, "dim_x": dim_x, "grid": grid}
+    grid_encoder = build_from_spec("grid_encoder", spec["grid_encoder"], in_dim=widths.pop(), **shared)
+    processor = build_from_spec("processor", spec["processor"], **shared)
+    grid_decoder = build_from_spec(
+        "grid_decoder", spec["grid_decoder"], layers=getattr(processor, "num_states", 1), **shared
+    )
+    likelihood = build_from_spec("likelihood", spec["likelihood"], dim=dim, dim_y=target_dim_y)
+    return NeuralProcess(encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid)
+
+
+def create_model(name: str, **kwargs: Any) -> NeuralProcess:
+    """A registered preset by name (timm-style): ``create_model("tnp", dim_x=1, dim_y=1)``."""
+    return build_model({"preset": name, **kwargs})
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,102 @@
+"""Named model presets: functions returning a five-slot specification (see ``build_model``).
+
+``create_model("tnp")`` builds one; ``gridtnp list model --params`` prints their sizes. Recipes in
+``recipes/`` spell the same specifications out in YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gridtnp.registry import register
+
+Spec = dict[str, Any]
+
+
+def _spec(encoder: Spec, grid_encoder: Spec, processor: Spec, grid_decoder: Spec, **shared: Any) -> Spec:
+    return {
+        "encoder": encoder,
+        "grid_encoder": grid_encoder,
+        "processor": processor,
+        "grid_decoder": grid_decoder,
+        "likelihood": {"name": "gaussian"},
+        **shared,
+    }
+
+
+@register("model", "cnp")
+def cnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128) -> Spec:
+    """CNP: MLP deep set, mean aggregation, MLP decoder on cat[x_t, r] (Garnelo et al. 2018)."""
+    return _spec(
+        {"name": "mlp", "layers": 3},
+        {"name": "identity"},
+        {"name": "mean"},
+        {"name": "concat", "layers": 3},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "tnp")
+def tnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5) -> Spec:
+    """TNP: MHSA on the context, MHCA from context into targets after each layer (Nguyen & Grover 2022)."""
+    return _spec(
+        {"name": "mlp"},
+        {"name": "identity"},
+        {"name": "transformer", "layers": layers},
+        {"name": "cross_attention"},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "pt_tnp_ist")
+def pt_tnp_ist(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5, num_tokens: int = 128) -> Spec:
+    """PT-TNP, IST style: U <- MHCA(U; Zc), zt <- MHCA(zt; U), Zc <- MHCA(Zc; U) per layer."""
+    return _spec(
+        {"name": "mlp"},
+        {"name": "identity"},
+        {"name": "ist", "layers": layers, "num_tokens": num_tokens},
+        {"name": "cross_attention"},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "pt_tnp_perceiver")
+def pt_tnp_perceiver(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5, num_tokens: int = 128) -> Spec:
+    """PT-TNP, perceiver / LBANP style: U <- MHSA(MHCA(U; Zc)) per layer, targets read each U."""
+    return _spec(
+        {"name": "mlp"},
+        {"name": "identity"},
+        {"name": "perceiver", "layers": layers, "num_tokens": num_tokens},
+        {"name": "cross_attention"},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "convcnp")
+def convcnp(
+    dim_x: int = 1, dim_y: int = 1, dim: int = 128, grid_size: int | None = None, bound: float | None = None
+) -> Spec:
+    """ConvCNP (Gordon et al. 2020): SetConv with density channel, CNN (1-D) or U-Net (2-D+), SetConv decoder.
+
+    Grid defaults: 128 points over [-4, 4] in 1-D; 32 per dimension over [-6, 6]^d otherwise.
+    """
+    size = grid_size or (128 if dim_x == 1 else 32)
+    b = bound or (4.0 if dim_x == 1 else 6.0)
+    return _spec(
+        {"name": "identity"},
+        {"name": "kernel_interpolation"},
+        {"name": "cnn" if dim_x == 1 else "unet"},
+        {"name": "kernel_interpolation"},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+        grid={"lower": [-b] * dim_x, "upper": [b] * dim_x, "shape": [size] * dim_x},
+    )

@@ -1,0 +1,426 @@
+"""Grid encoders: per-source tokens at arbitrary locations -> pseudo-tokens (``Latent``).
+
+Input: ``{source: Tokens(x [B, N_s, Dx], z [B, N_s, D_in], mask [B, N_s])}``. Output: a ``Latent``,
+either on a regular grid ``[B, M1, ..., Md, D]`` or, for grid-free models, the set itself.
+
+Sources: every encoder here except ``multi`` takes the union of all sources' tokens (``concat_sources``) and
+encodes it onto one grid ("single" merging). ``multi`` encodes each source onto its own grid with its own inner
+encoder and merges the grids.
+
+Coarsening: the gridded encoders accept ``coarsen`` (an integer or one per dimension) and then encode straight
+onto ``coarsen_grid(grid, coarsen)`` (block centres, ``M_d / coarsen_d`` points). The output ``Latent`` carries
+that coarse grid, so the processor and decoder must be built for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gridtnp.nn.attention import CrossAttentionBlock
+from gridtnp.nn.grids import (
+    EARTH_RADIUS_KM,
+    Grid,
+    coarsen_grid,
+    great_circle,
+    grid_coordinates,
+    haversine_distance,
+    initial_lengthscale,
+    se_weights,
+)
+from gridtnp.nn.tokens import Latent, Tokens, concat_sources
+from gridtnp.registry import build_from_spec, register
+
+
+@register("grid_encoder", "identity")
+class IdentityGridEncoder(nn.Module):
+    """Grid-free models (CNP, TNP, PT-TNP): the union of all sources' tokens as a masked set ``[B, N, D]``."""
+
+    def forward(self, sources: dict[str, Tokens]) -> Latent:
+        t = concat_sources(sources)
+        return Latent(t.z, mask=t.mask, x=t.x)
+
+
+def target_grid(grid: Grid | None, coarsen: int | Sequence[int] | None, name: str) -> Grid:
+    """The grid a gridded encoder writes to: the model's ``grid``, or its ``coarsen``-times coarser block centres."""
+    if grid is None:
+        raise ValueError(
+            f"grid encoder {name!r} needs the model's grid: set grid: {{lower: [...], upper: [...], shape: [...]}} "
+            "in the model specification (or pass grid=Grid(...))."
+        )
+    if coarsen is None:
+        return grid
+    try:
+        return coarsen_grid(grid, coarsen)
+    except ValueError as err:
+        raise ValueError(f"grid encoder {name!r}: {err}") from err
+
+
+def check_width(t: Tokens, in_dim: int, name: str) -> None:
+    """A clear error when the context tokens are not ``in_dim`` wide."""
+    if t.z.shape[-1] != in_dim:
+        raise ValueError(
+            f"grid encoder {name!r} was built with in_dim={in_dim} but got context tokens of width {t.z.shape[-1]}; "
+            "set in_dim to the point-wise encoder's output width."
+        )
+
+
+def assign_cells(grid: Grid, x: Tensor, mask: Tensor, k: int = 1) -> tuple[Tensor, Tensor]:
+    """Flat indices ``[B, N, K]`` of each point's ``k`` nearest grid locations and their validity ``[B, N, K]``.
+
+    Index arithmetic only (``Grid.nearest_index`` / ``Grid.neighbours``), O(N K). Points with ``mask`` False
+    (whose ``x`` may be NaN) and neighbours off the edge of an ordinary dimension are invalid.
+    """
+    x = torch.where(mask.unsqueeze(-1), x, 0.0)
+    if k == 1:
+        return grid.flat_index(grid.nearest_index(x)).unsqueeze(-1), mask.unsqueeze(-1)
+    cell, valid = grid.neighbours(x, k)
+    return cell, valid & mask.unsqueeze(-1)
+
+
+@register("grid_encoder", "pseudo_token")
+class PseudoTokenGridEncoder(nn.Module):
+    """PT-GE: a learned pseudo-token per grid location cross-attends to the context tokens nearest to it.
+
+    Gridded TNPs (Ashman et al., 2024), pseudo-token grid encoder: the initial pseudo-token ``u_m`` of grid
+    location ``m`` is updated by one pre-norm MHCA + MLP block whose keys are the context tokens assigned to
+    ``m``: those whose nearest grid location is ``m`` (``k = 1``) or, for ``k > 1``, the tokens that have ``m``
+    among their ``k`` nearest locations. Cells without context keep ``u_m`` plus the MLP residual (zero
+    attention output). ``max_tokens_per_cell`` caps each cell's keys; a fuller cell keeps the tokens nearest to
+    its grid location (deterministic, and independent of the order of the context up to exact ties).
+    All occupied cells of the batch attend in one SDPA call over a ``[cells, S, D]`` buffer padded to
+    ``S = min(fullest cell, cap)``; keys/values are projected once per context token and then gathered.
+    ``[B, N, in_dim]`` -> ``Latent([B, M1..Md, dim])``.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        dim: int = 128,
+        in_dim: int | None = None,
+        k: int = 1,
+        max_tokens_per_cell: int | None = None,
+        heads: int = 8,
+        head_dim: int = 16,
+        mlp_dim: int = 128,
+        coarsen: int | Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        name = "pseudo_token"
+        self.grid = target_grid(grid, coarsen, name)
+        if k < 1:
+            raise ValueError(f"grid encoder 'pseudo_token': k must be >= 1; got {k}.")
+        if max_tokens_per_cell is not None and max_tokens_per_cell < 1:
+            raise ValueError(
+                f"grid encoder 'pseudo_token': max_tokens_per_cell must be >= 1 or None (no cap); "
+                f"got {max_tokens_per_cell}."
+            )
+        self.in_dim = dim if in_dim is None else in_dim
+        self.k, self.max_tokens_per_cell = k, max_tokens_per_cell
+        self.proj_in = nn.Identity() if self.in_dim == dim else nn.Linear(self.in_dim, dim)
+        self.pseudo_tokens = nn.Parameter(torch.randn(*self.grid.shape, dim) * 0.02)
+        self.block = CrossAttentionBlock(dim, heads, head_dim, mlp_dim)
+
+    def forward(self, sources: dict[str, Tokens]) -> Latent:
+        t = concat_sources(sources)
+        check_width(t, self.in_dim, "pseudo_token")
+        b = t.mask.shape[0]
+        m, dim = self.grid.num_points, self.pseudo_tokens.shape[-1]
+        block, attn = self.block, self.block.attn
+        u0 = self.pseudo_tokens.reshape(m, dim)
+        z = self.proj_in(torch.where(t.mask.unsqueeze(-1), t.z, 0.0))  # padded values may be NaN
+
+        cell, valid = assign_cells(self.grid, t.x, t.mask, self.k)  # [B, N, K]
+        kk = cell.shape[-1]
+        batch = torch.arange(b, device=cell.device).view(b, 1, 1)
+        bucket = torch.where(valid, batch * m + cell, b * m).flatten()  # (batch, cell) id; b * m = unassigned
+        if self.max_tokens_per_cell is None:
+            order = torch.argsort(bucket)
+        else:  # nearest first within each cell, so the cap drops the farthest tokens
+            g = grid_coordinates(self.grid, cell, dtype=torch.float32)
+            x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().unsqueeze(-2)
+            step = g.new_tensor(self.grid.spacing)
+            dist = (self.grid.difference(x, g) / step).square().sum(-1).flatten()
+            order = torch.argsort(dist, stable=True)
+            order = order[torch.argsort(bucket[order], stable=True)]
+        bucket = bucket[order]
+        point = torch.div(order, kk, rounding_mode="floor")  # row of z.flatten(0, 1) that each entry reads
+        counts = torch.bincount(bucket, minlength=b * m + 1)
+        rank = torch.arange(bucket.numel(), device=bucket.device) - (torch.cumsum(counts, 0) - counts)[bucket]
+        counts = counts[: b * m]
+        size = int(counts.max()) if counts.numel() else 0
+        if self.max_tokens_per_cell is not None:
+            size = min(size, self.max_tokens_per_cell)
+
+        u = u0.unsqueeze(0).expand(b, m, dim).reshape(b * m, dim)
+        if size > 0:
+            occupied = counts > 0
+            rows = torch.nonzero(occupied).squeeze(-1)  # only occupied cells attend: [R]
+            row_of = torch.cumsum(occupied, 0) - 1
+            keep = (bucket < b * m) & (rank < size)
+            slot = row_of[bucket[keep]] * size + rank[keep]
+            # Keys/values once per context token (project_kv, kept flat so one gather serves both).
+            kv = attn.to_kv(block.norm_kv(z)).flatten(0, 1)
+            buffer = kv.new_zeros(rows.numel() * size, kv.shape[-1]).index_copy(0, slot, kv[point[keep]])
+            k, v = buffer.view(rows.numel(), size, -1).chunk(2, dim=-1)
+            key_mask = torch.arange(size, device=rows.device) < counts[rows].clamp(max=size).unsqueeze(-1)
+            q = block.norm_q(u0)[torch.remainder(rows, m)].unsqueeze(1)  # [R, 1, D]
+            out = attn.attend(q, attn.split_heads(k), attn.split_heads(v), key_mask)
+            u = u.index_add(0, rows, out[:, 0].to(u.dtype))
+        u = u + block.mlp(block.norm2(u))
+        return Latent(u.reshape(b, *self.grid.shape, dim), grid=self.grid)
+
+
+@register("grid_encoder", "average")
+class AverageGridEncoder(nn.Module):
+    """Avg-GE: the mean of the context tokens whose nearest grid location is each cell, then Linear to ``dim``.
+
+    Empty cells get a learned ``empty`` token (initialised to zeros) instead of the mean of nothing.
+    ``[B, N, in_dim]`` -> ``Latent([B, M1..Md, dim])``.
+    """
+
+    def __init__(
+        self, grid: Grid, dim: int = 128, in_dim: int | None = None, coarsen: int | Sequence[int] | None = None
+    ) -> None:
+        super().__init__()
+        self.grid = target_grid(grid, coarsen, "average")
+        self.in_dim = dim if in_dim is None else in_dim
+        self.proj = nn.Identity() if self.in_dim == dim else nn.Linear(self.in_dim, dim)
+        self.empty = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, sources: dict[str, Tokens]) -> Latent:
+        t = concat_sources(sources)
+        check_width(t, self.in_dim, "average")
+        b, m = t.z.shape[0], self.grid.num_points
+        cell, valid = assign_cells(self.grid, t.x, t.mask, 1)
+        bucket = (torch.arange(b, device=cell.device).view(b, 1) * m + cell[..., 0]).flatten()
+        # Sums over many points: at least float32 even when the tokens are bf16.
+        dtype = torch.promote_types(t.z.dtype, torch.float32)
+        w = valid[..., 0].flatten().to(dtype)
+        z = torch.where(t.mask.unsqueeze(-1), t.z, 0.0).flatten(0, 1).to(dtype)  # padded values may be NaN
+        sums = z.new_zeros(b * m, z.shape[-1]).index_add(0, bucket, z * w.unsqueeze(-1))
+        counts = w.new_zeros(b * m).index_add(0, bucket, w).unsqueeze(-1)
+        out = self.proj(sums / counts.clamp(min=1.0))
+        out = torch.where(counts > 0, out, self.empty.to(out.dtype))
+        return Latent(out.reshape(b, *self.grid.shape, out.shape[-1]), grid=self.grid)
+
+
+@register("grid_encoder", "kernel_interpolation")
+class KernelInterpolationEncoder(nn.Module):
+    """SetConv / KI-GE: SE-kernel sums of context tokens at every grid point, then Linear -> ``[B, M1..Md, dim]``.
+
+    ``h(g) = sum_n k(x_n, g) z_n`` and the density ``d(g) = sum_n k(x_n, g)`` over valid context points.
+    With ``density`` the output is ``Linear(cat[h / (d + eps), d])`` (ConvCNP, Gordon et al. 2020, Algorithm 1:
+    ``phi(y) = [1, y]`` and the data channels divided by the density channel), else ``Linear(h)``.
+    Length-scales are learned per dimension (log-parametrised); rolled dimensions use the wrapped distance.
+    The context is processed ``chunk_size`` points at a time, so memory is ``[B, chunk_size, M]``.
+
+    ``nearest_only``: each point adds to its nearest grid location only (its ``k`` nearest with ``k``), with the
+    same kernel weight as the dense sum, by a sparse scatter in O(N k) time and memory.
+    ``distance="haversine"``: the LAST TWO input dimensions are (latitude, longitude) in degrees, and the kernel
+    uses their great-circle distance in km with one length-scale for the pair (the last entry of
+    ``lengthscale``; the others, one per leading dimension such as time, are as usual). With ``nearest_only``
+    the nearest locations are found in coordinate space.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        in_dim: int,
+        dim: int = 128,
+        lengthscale: float | Sequence[float] | None = None,
+        learn_lengthscale: bool = True,
+        density: bool = True,
+        chunk_size: int = 4096,
+        eps: float = 1e-8,
+        nearest_only: bool = False,
+        k: int | None = None,
+        distance: str = "euclidean",
+        coarsen: int | Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        name = "grid encoder 'kernel_interpolation'"
+        if chunk_size < 1:
+            raise ValueError(f"{name}: chunk_size must be >= 1; got {chunk_size}.")
+        if distance not in ("euclidean", "haversine"):
+            raise ValueError(f"{name}: distance must be 'euclidean' or 'haversine'; got {distance!r}.")
+        if k is not None and not nearest_only:
+            raise ValueError(f"{name}: k={k} only applies with nearest_only=True (the dense sum uses every point).")
+        if k is not None and k < 1:
+            raise ValueError(f"{name}: k must be >= 1; got {k}.")
+        grid = target_grid(grid, coarsen, "kernel_interpolation")
+        self.grid, self.in_dim, self.density, self.chunk_size, self.eps = grid, in_dim, density, chunk_size, eps
+        self.nearest_only, self.k, self.distance = nearest_only, 1 if k is None else k, distance
+        self.other_grid: Grid | None = None
+        if distance == "haversine":
+            if grid.ndim < 2:
+                raise ValueError(f"{name}: distance='haversine' needs (latitude, longitude) as the last two dims.")
+            log_l = haversine_lengthscale(grid, lengthscale, name).log()
+            # The leading (non-spatial) dimensions keep the separable SE kernel on their own sub-grid.
+            self.other_grid = (
+                Grid(grid.lower[:-2], grid.upper[:-2], grid.shape[:-2], grid.roll[:-2]) if grid.ndim > 2 else None
+            )
+        else:
+            log_l = initial_lengthscale(grid, lengthscale, name).log()
+        if learn_lengthscale:
+            self.log_lengthscale = nn.Parameter(log_l)
+        else:
+            self.register_buffer("log_lengthscale", log_l)
+        self.proj = nn.Linear(in_dim + int(density), dim)
+
+    @property
+    def lengthscale(self) -> Tensor:
+        """Current length-scales: ``[d]``, or ``[d - 1]`` for haversine (the last one in km)."""
+        return self.log_lengthscale.exp()
+
+    def pair_weights(self, x: Tensor, g: Tensor) -> Tensor:
+        """Kernel ``[...]`` between points ``x [..., d]`` and grid coordinates ``g [..., d]`` (broadcast)."""
+        ls = self.lengthscale.float()
+        if self.distance == "euclidean":
+            return torch.exp(-0.5 * (self.grid.difference(x, g) / ls).square().sum(-1))
+        r = great_circle(x[..., -2:], g[..., -2:]) / ls[-1]
+        other = (self.grid.difference(x, g)[..., :-2] / ls[:-1]).square().sum(-1)
+        return torch.exp(-0.5 * (r.square() + other))
+
+    def dense_weights(self, x: Tensor, mask: Tensor) -> Tensor:
+        """Kernel between ``x [B, n, d]`` and every grid point, zero where ``mask`` is False: ``[B, n, M]``."""
+        ls = self.lengthscale
+        if self.distance == "euclidean":
+            return se_weights(x, self.grid, ls, mask)
+        x = torch.where(mask.unsqueeze(-1), x.float(), 0.0)
+        lat_g, lon_g = (torch.deg2rad(a) for a in self.grid.axes(x.device, torch.float32)[-2:])
+        lat, lon = torch.deg2rad(x[..., -2:-1]), torch.deg2rad(x[..., -1:])
+        # The haversine is a + c * s with a, c per latitude and s per longitude: trig on [B, n, M_lat | M_lon] only.
+        a = torch.sin((lat - lat_g) / 2).square()
+        c = torch.cos(lat) * torch.cos(lat_g)
+        s = torch.sin((lon - lon_g) / 2).square()
+        h = a.unsqueeze(-1) + c.unsqueeze(-1) * s.unsqueeze(-2)  # [B, n, M_lat, M_lon]
+        spatial = torch.exp(-0.5 * (haversine_distance(h) / ls[-1].float()).square()).flatten(-2)
+        if self.other_grid is None:
+            return spatial * mask.unsqueeze(-1)
+        other = se_weights(x[..., :-2], self.other_grid, ls[:-1], mask)  # [B, n, M_other]
+        return (other.unsqueeze(-1) * spatial.unsqueeze(-2)).flatten(-2)
+
+    def forward(self, sources: dict[str, Tokens]) -> Latent:
+        t = concat_sources(sources)
+        check_width(t, self.in_dim, "kernel_interpolation")
+        b, m = t.z.shape[0], self.grid.num_points
+        z = torch.where(t.mask.unsqueeze(-1), t.z.float(), 0.0)  # padded or missing values may be NaN
+        # The density channel is the kernel sum of a constant 1 (ConvCNP): append it to the values.
+        values = torch.cat([z, torch.ones_like(z[..., :1])], dim=-1) if self.density else z
+        # Sums over many points, then a division by the density: kept in float32 even under bf16 autocast.
+        with torch.autocast(device_type=values.device.type, enabled=False):
+            if self.nearest_only:
+                cell, valid = assign_cells(self.grid, t.x, t.mask, self.k)  # [B, N, K]
+                x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().unsqueeze(-2)
+                w = self.pair_weights(x, grid_coordinates(self.grid, cell)) * valid  # [B, N, K]
+                bucket = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()
+                contrib = (w.unsqueeze(-1) * values.unsqueeze(-2)).flatten(0, 2)
+                h = values.new_zeros(b * m, values.shape[-1]).index_add(0, bucket, contrib).view(b, m, -1)
+            else:
+                h = values.new_zeros(b, m, values.shape[-1])
+                for start in range(0, values.shape[1], self.chunk_size):  # loop over chunks of points, not points
+                    stop = start + self.chunk_size
+                    w = self.dense_weights(t.x[:, start:stop], t.mask[:, start:stop])  # [B, chunk, M]
+                    h = h + w.transpose(1, 2) @ values[:, start:stop]
+            if self.density:
+                h, d = h[..., :-1], h[..., -1:]
+                h = torch.cat([h / (d + self.eps), d], dim=-1)
+        out = self.proj(h.to(self.proj.weight.dtype))
+        return Latent(out.reshape(b, *self.grid.shape, out.shape[-1]), grid=self.grid)
+
+
+def haversine_lengthscale(grid: Grid, lengthscale: float | Sequence[float] | None, where: str) -> Tensor:
+    """Starting length-scales ``[d - 1]`` for the haversine kernel: leading dims, then the (lat, lon) pair in km.
+
+    Default: 2 x spacing for leading dimensions and 2 x the coarser of the lat/lon spacings (in km at the
+    equator) for the pair.
+    """
+    if lengthscale is None:
+        spatial = 2.0 * math.radians(max(grid.spacing[-2:])) * EARTH_RADIUS_KM
+        values = [2.0 * s for s in grid.spacing[:-2]] + [spatial]
+    elif isinstance(lengthscale, (int, float)):
+        values = [float(lengthscale)] * (grid.ndim - 1)
+    else:
+        values = [float(v) for v in lengthscale]
+    if len(values) != grid.ndim - 1 or not all(v > 0 for v in values):
+        raise ValueError(
+            f"{where}: with distance='haversine', lengthscale must be one positive number or {grid.ndim - 1} "
+            f"(one per leading dimension, then one in km for the (latitude, longitude) pair); got {lengthscale!r}."
+        )
+    return torch.tensor(values)
+
+
+@register("grid_encoder", "multi")
+class MultiSourceGridEncoder(nn.Module):
+    """One inner grid encoder (and grid) per source, merged into one grid: ``Latent([B, M1..Md, dim])``.
+
+    ``sources`` names the context sources; the model builder does not pass them, so set them in the spec:
+    ``{name: multi, sources: [era5, stations], encoder: {name: pseudo_token}, merge: concat}``. ``encoder`` is one
+    spec for every source or a mapping ``{source: spec}``. ``merge="sum"`` adds the grids; ``"concat"`` stacks
+    them along the channels (in ``sources`` order) and applies a Linear back to ``dim``. A source missing from
+    the input counts as having no observations. (The default elsewhere, "single", unions all sources' tokens
+    into one encoder.)
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        sources: Sequence[str],
+        dim: int = 128,
+        in_dim: int | None = None,
+        encoder: dict[str, Any] | str | None = None,
+        merge: str = "concat",
+    ) -> None:
+        super().__init__()
+        where = "grid encoder 'multi'"
+        if isinstance(sources, str) or not sources or len(set(sources)) != len(sources):
+            raise ValueError(f"{where}: sources must be a list of distinct source names; got {sources!r}.")
+        if any("." in s or not s for s in sources):
+            raise ValueError(f"{where}: source names must be non-empty and contain no '.'; got {list(sources)}.")
+        if merge not in ("sum", "concat"):
+            raise ValueError(f"{where}: merge must be 'sum' or 'concat'; got {merge!r}.")
+        spec = {"name": "pseudo_token"} if encoder is None else encoder
+        per_source = isinstance(spec, dict) and "name" not in spec
+        if per_source and set(spec) != set(sources):
+            raise ValueError(
+                f"{where}: encoder must be one spec {{name: ...}} or one per source {sorted(sources)}; "
+                f"got keys {sorted(spec)}."
+            )
+        self.sources, self.merge = list(sources), merge
+        in_dim = dim if in_dim is None else in_dim
+        self.encoders = nn.ModuleDict(
+            {
+                s: build_from_spec("grid_encoder", spec[s] if per_source else spec, grid=grid, dim=dim, in_dim=in_dim)
+                for s in self.sources
+            }
+        )
+        self.proj = nn.Linear(len(self.sources) * dim, dim) if merge == "concat" else nn.Identity()
+
+    def forward(self, sources: dict[str, Tokens]) -> Latent:
+        unknown = set(sources) - set(self.sources)
+        if unknown:
+            raise ValueError(
+                f"grid encoder 'multi' got source(s) {sorted(unknown)} it was not built for; its sources: "
+                f"{self.sources}. Add them to the spec's sources list."
+            )
+        if not sources:
+            raise ValueError("grid encoder 'multi' needs at least one source in its input.")
+        ref = next(iter(sources.values()))
+        empty = Tokens(ref.x[:, :0], ref.z[:, :0], ref.mask[:, :0])
+        latents = [self.encoders[s]({s: sources.get(s, empty)}) for s in self.sources]  # loop over sources
+        grid = latents[0].grid
+        if any(lat.grid != grid or lat.tokens.shape != latents[0].tokens.shape for lat in latents):
+            raise ValueError(
+                "grid encoder 'multi': the inner encoders produced different grids "
+                f"{[lat.grid for lat in latents]}; give them the same coarsen and dim."
+            )
+        if self.merge == "sum":
+            tokens = torch.stack([lat.tokens for lat in latents]).sum(0)
+        else:
+            tokens = self.proj(torch.cat([lat.tokens for lat in latents], dim=-1))
+        return Latent(tokens, grid=grid)

@@ -1,0 +1,72 @@
+"""Likelihoods: target tokens ``[B, N, D]`` -> a predictive ``torch.distributions`` object ``[B, N, Dy]``.
+
+The head runs in the model's dtype; the variance and every log-density are computed in float32,
+so bf16 autocast never rounds a log-likelihood.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributions import Normal
+
+from gridtnp.nn.attention import mlp
+from gridtnp.registry import register
+
+
+@register("likelihood", "gaussian")
+class GaussianLikelihood(nn.Module):
+    """Heteroscedastic Gaussian: MLP -> mean and ``variance = softplus(raw) + min_noise``."""
+
+    def __init__(
+        self, dim: int = 128, dim_y: int = 1, hidden: int | None = None, layers: int = 2, min_noise: float = 1e-4
+    ) -> None:
+        super().__init__()
+        if min_noise < 0:
+            raise ValueError(f"gaussian likelihood: min_noise must be >= 0; got {min_noise}.")
+        self.head = mlp(dim, 2 * dim_y, hidden or dim, layers)
+        self.min_noise = min_noise
+
+    def forward(self, z: Tensor) -> Normal:
+        mean, raw = self.head(z).float().chunk(2, dim=-1)
+        return Normal(mean, (F.softplus(raw) + self.min_noise).sqrt())
+
+
+@register("likelihood", "homoscedastic")
+class HomoscedasticLikelihood(nn.Module):
+    """Gaussian with an MLP mean and one learned noise variance per output dimension."""
+
+    def __init__(
+        self,
+        dim: int = 128,
+        dim_y: int = 1,
+        hidden: int | None = None,
+        layers: int = 2,
+        init_noise: float = 0.1,
+        min_noise: float = 1e-4,
+    ) -> None:
+        super().__init__()
+        self.head = mlp(dim, dim_y, hidden or dim, layers)
+        # softplus^-1(init_noise - min_noise)
+        raw = torch.log(torch.expm1(torch.tensor(max(init_noise - min_noise, 1e-6))))
+        self.raw_noise = nn.Parameter(raw.repeat(dim_y))
+        self.min_noise = min_noise
+
+    def forward(self, z: Tensor) -> Normal:
+        mean = self.head(z).float()
+        var = F.softplus(self.raw_noise.float()) + self.min_noise
+        return Normal(mean, var.sqrt().expand_as(mean))
+
+
+def log_likelihood(dist: Normal, y: Tensor, mask: Tensor) -> Tensor:
+    """Mean log-density per valid target point, per task: ``y [B, N, Dy]``, ``mask [B, N]`` -> ``[B]``.
+
+    Densities are summed over ``Dy``; a task with no valid target gives 0.
+    """
+    y = torch.where(mask.unsqueeze(-1), y.float(), dist.mean.detach())  # padded / NaN y never reach log_prob
+    logp = dist.log_prob(y).sum(-1) * mask
+    return logp.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+__all__ = ["GaussianLikelihood", "HomoscedasticLikelihood", "log_likelihood"]

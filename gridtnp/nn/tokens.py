@@ -1,0 +1,54 @@
+"""Containers for what flows between the pipeline stages.
+
+``Tokens``: embedded observations of one source, ``x [B, N, Dx]``, ``z [B, N, D]``, ``mask [B, N]``.
+``Latent``: what a grid encoder produces and a processor updates: either tokens on a regular grid
+``[B, M1, ..., Md, D]`` (``grid`` set, ``mask``/``x`` None) or a padded set ``[B, N, D]`` with its
+``mask [B, N]`` and, where known, locations ``x [B, N, Dx]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from gridtnp.nn.grids import Grid
+
+
+@dataclass
+class Tokens:
+    """Embedded observations of one source: ``x [B, N, Dx]``, ``z [B, N, D]``, ``mask [B, N]``."""
+
+    x: Tensor
+    z: Tensor
+    mask: Tensor
+
+
+def concat_sources(sources: dict[str, Tokens]) -> Tokens:
+    """Union of all sources' tokens along the point axis: ``[B, sum N_s, D]``."""
+    if len(sources) == 1:
+        return next(iter(sources.values()))
+    items = list(sources.values())
+    return Tokens(
+        torch.cat([t.x for t in items], 1), torch.cat([t.z for t in items], 1), torch.cat([t.mask for t in items], 1)
+    )
+
+
+@dataclass
+class Latent:
+    """Pseudo-tokens: on a grid ``[B, M1..Md, D]`` (``grid``) or a set ``[B, N, D]`` (``mask``, ``x``)."""
+
+    tokens: Tensor
+    mask: Tensor | None = None
+    x: Tensor | None = None
+    grid: Grid | None = None
+
+    def with_tokens(self, tokens: Tensor) -> Latent:
+        """The same latent with new tokens of the same layout."""
+        return replace(self, tokens=tokens)
+
+    def flat(self) -> tuple[Tensor, Tensor | None]:
+        """Tokens as a set ``[B, M, D]`` (grids flattened row-major) and the key mask ``[B, M]`` or None."""
+        t = self.tokens
+        return t.reshape(t.shape[0], -1, t.shape[-1]), self.mask

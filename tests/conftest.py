@@ -1,0 +1,20 @@
+"""Shared fixtures: small deterministic batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gridtnp.data.batch import Observations
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def random_context(b: int = 3, n: int = 12, dim_x: int = 1, dim_y: int = 1, p_valid: float = 0.7) -> Observations:
+    """A padded context set with roughly ``p_valid`` real points per task (at least one)."""
+    mask = torch.rand(b, n) < p_valid
+    mask[:, 0] = True
+    return Observations(torch.randn(b, n, dim_x), torch.randn(b, n, dim_y), mask, "context")

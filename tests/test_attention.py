@@ -1,0 +1,58 @@
+import math
+
+import torch
+
+from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, SelfAttentionBlock, masked_mean
+
+
+def reference_attention(mha: MultiHeadAttention, q, kv, mask):
+    """Loop over batch items and heads with an explicit softmax (independent of SDPA)."""
+    b, nq, _ = q.shape
+    out = torch.zeros(b, nq, mha.heads * mha.head_dim)
+    Q = mha.to_q(q)
+    K, V = mha.to_kv(kv).chunk(2, -1)
+    for i in range(b):
+        for h in range(mha.heads):
+            s = slice(h * mha.head_dim, (h + 1) * mha.head_dim)
+            logits = Q[i, :, s] @ K[i, :, s].T / math.sqrt(mha.head_dim)
+            logits = logits.masked_fill(~mask[i][None, :], float("-inf"))
+            out[i, :, s] = torch.nan_to_num(torch.softmax(logits, -1)) @ V[i, :, s]
+    out = mha.out(out)
+    return out * mask.any(-1)[:, None, None]
+
+
+def test_attention_matches_reference_with_padding():
+    mha = MultiHeadAttention(dim=32, heads=4, head_dim=8)
+    q, kv = torch.randn(3, 5, 32), torch.randn(3, 7, 32)
+    mask = torch.rand(3, 7) > 0.4
+    mask[0] = False  # a task with no valid key
+    mask[1, 0] = True
+    torch.testing.assert_close(mha(q, kv, mask), reference_attention(mha, q, kv, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_empty_context_gives_zero_attention_and_finite_gradients():
+    block = CrossAttentionBlock(dim=16, heads=2, head_dim=8, mlp_dim=16)
+    zq, zkv = torch.randn(2, 4, 16, requires_grad=True), torch.randn(2, 6, 16, requires_grad=True)
+    out = block(zq, zkv, torch.zeros(2, 6, dtype=torch.bool))
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(zq.grad).all() and torch.isfinite(zkv.grad).all()
+    assert zkv.grad.abs().max() == 0  # no valid key: the keys cannot influence the output
+
+
+def test_self_attention_is_permutation_equivariant_and_ignores_padding():
+    block = SelfAttentionBlock(dim=16, heads=2, head_dim=8, mlp_dim=16)
+    z = torch.randn(2, 6, 16)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    out = block(z, mask)
+    perm = torch.tensor([3, 1, 0, 2, 5, 4])
+    torch.testing.assert_close(block(z[:, perm], mask[:, perm]), out[:, perm])
+    z2 = z.clone()
+    z2[0, 4:] = 1e3  # junk in padded slots
+    torch.testing.assert_close(block(z2, mask)[0, :4], out[0, :4])
+
+
+def test_masked_mean():
+    z = torch.arange(12.0).reshape(2, 3, 2)
+    mask = torch.tensor([[True, False, True], [False, False, False]])
+    torch.testing.assert_close(masked_mean(z, mask), torch.tensor([[2.0, 3.0], [0.0, 0.0]]))

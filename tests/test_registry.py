@@ -1,0 +1,64 @@
+import pytest
+from torch import nn
+
+import gridtnp
+from gridtnp.registry import ConfigError, available, build, build_from_spec, get, register
+
+
+def test_every_issue_component_is_registered():
+    names = available()
+    assert {"mlp", "identity"} <= set(names["encoder"])
+    assert {"identity", "kernel_interpolation"} <= set(names["grid_encoder"])
+    assert {"transformer", "mean", "ist", "perceiver", "cnn", "unet"} <= set(names["processor"])
+    assert {"cross_attention", "concat", "kernel_interpolation"} <= set(names["grid_decoder"])
+    assert {"gaussian", "homoscedastic"} <= set(names["likelihood"])
+    assert {"cnp", "tnp", "pt_tnp_ist", "pt_tnp_perceiver", "convcnp"} <= set(names["model"])
+    assert {"gp1d", "gp2d", "gp2d_multimodal", "sawtooth1d", "sawtooth2d", "sawtooth2d_restricted"} <= set(
+        names["task"]
+    )
+
+
+def test_unknown_name_lists_close_matches_and_all_names():
+    with pytest.raises(ConfigError) as err:
+        get("processor", "transfomer")
+    msg = str(err.value)
+    assert "Unknown processor 'transfomer'" in msg
+    assert "Did you mean 'transformer'" in msg
+    for name in available("processor"):
+        assert name in msg
+
+
+def test_unknown_kind():
+    with pytest.raises(ConfigError, match="Unknown component kind 'procesor'"):
+        available("procesor")
+
+
+def test_unknown_argument_names_accepted_ones():
+    with pytest.raises(ConfigError) as err:
+        build("processor", "transformer", dim=16, layres=2)
+    msg = str(err.value)
+    assert "'layres' (did you mean 'layers'?)" in msg
+    assert "Accepted:" in msg and "heads" in msg
+
+
+def test_build_from_spec_passes_only_accepted_shared_keys():
+    block = build_from_spec("processor", {"name": "transformer", "layers": 2}, dim=16, grid=None, dim_x=3)
+    assert block.num_states == 2
+    assert block.blocks[0].norm1.normalized_shape == (16,)
+    with pytest.raises(ConfigError, match="mapping with a 'name' key"):
+        build_from_spec("processor", {"layers": 2})
+
+
+def test_register_and_duplicate():
+    @register("likelihood", "_test_dummy")
+    class Dummy(nn.Module):
+        """A dummy."""
+
+    assert "_test_dummy" in available("likelihood")
+    assert isinstance(build("likelihood", "_test_dummy"), Dummy)
+    with pytest.raises(ConfigError, match="already registered"):
+        register("likelihood", "_test_dummy")(type("Other", (nn.Module,), {}))
+
+
+def test_package_exports():
+    assert gridtnp.create_model("cnp").dim_x == 1

@@ -1,0 +1,137 @@
+"""End to end: a tiny model learns, and the CLI trains from a recipe in a subprocess."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from gridtnp import NeuralProcessModule
+from gridtnp.data import SyntheticDataModule
+from gridtnp.nn.likelihoods import log_likelihood
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mean_val_loglik(module: NeuralProcessModule, data: SyntheticDataModule) -> float:
+    module.eval()
+    with torch.no_grad():
+        values = [log_likelihood(module(b), b.target.y, b.target.valid()).mean() for b in data.val_dataloader()]
+    return float(torch.stack(values).mean())
+
+
+def test_tiny_tnp_learns_1d_gp(tmp_path):
+    L.seed_everything(0)
+    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=16, train_batches=60, val_batches=4, seed=1)
+    data.setup("fit")
+    module = NeuralProcessModule(preset="tnp", dim=32, lr=1e-3, processor={"layers": 2})
+    before = mean_val_loglik(module, data)
+    trainer = L.Trainer(
+        max_steps=60,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=0.5,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, data)
+    after = mean_val_loglik(module, data)
+    assert after > before + 0.3, (before, after)
+
+
+def test_validation_metrics_are_logged():
+    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=8, train_batches=2, val_batches=2, test_batches=2)
+    module = NeuralProcessModule(preset="cnp", dim=16)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    (metrics,) = trainer.test(module, data, verbose=False)
+    assert {"test/loglik", "test/rmse", "test/oracle_loglik"} <= set(metrics)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert metrics["test/oracle_loglik"] > metrics["test/loglik"]  # an untrained CNP is worse than the true GP
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "gridtnp.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_fit_then_test_from_recipe(tmp_path):
+    recipe = ROOT / "recipes" / "gp1d_cnp.yaml"
+    common = [
+        "--config",
+        str(recipe),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--data.init_args.val_batches",
+        "2",
+        "--data.init_args.test_batches",
+        "2",
+    ]
+    fit = run_cli("fit", *common, "--trainer.max_steps", "8", "--data.init_args.train_batches", "4", cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert "trainable parameters" in fit.stdout
+    last = next(tmp_path.rglob("last.ckpt"))
+    test = run_cli("test", *common, "--ckpt_path", str(last), cwd=tmp_path)
+    assert test.returncode == 0, test.stderr[-3000:]
+    assert "test/loglik" in test.stdout
+    assert list(tmp_path.rglob("events.out.tfevents*")), "TensorBoard logs were not written"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (["--model.init_args.processor", "{name: transfomer}"], "Did you mean 'transformer'"),
+        (["--model.init_args.procesor", "{name: mean}"], "procesor"),
+    ],
+)
+def test_cli_reports_config_errors(tmp_path, override, message):
+    recipe = ROOT / "recipes" / "gp1d_cnp.yaml"
+    result = run_cli("fit", "--config", str(recipe), *override, "--trainer.max_steps", "1", cwd=tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_list(tmp_path):
+    result = run_cli("list", "processor", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "transformer" in result.stdout and "unet" in result.stdout
+    bad = run_cli("list", "procesor", cwd=tmp_path)
+    assert bad.returncode != 0 and "invalid choice" in bad.stderr
+
+
+def test_every_recipe_parses(tmp_path):
+    for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
+        result = run_cli("fit", "--config", str(recipe), "--print_config", cwd=tmp_path)
+        assert result.returncode == 0, (recipe.name, result.stderr[-2000:])
+        assert "class_path: gridtnp.NeuralProcessModule" in result.stdout
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_recipe_builds_and_runs_a_batch(recipe):
+    import yaml
+
+    from gridtnp.registry import build_from_spec
+
+    config = yaml.safe_load(recipe.read_text())
+    module = NeuralProcessModule(**config["model"]["init_args"])
+    task = build_from_spec("task", config["data"]["init_args"]["task"])
+    batch = task.sample(2, torch.Generator().manual_seed(0))
+    loss = -log_likelihood(module(batch), batch.target.y, batch.target.valid()).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
