@@ -17,6 +17,8 @@ import contextlib
 import csv
 import ctypes
 import datetime
+import math
+import os
 import platform
 import re
 import resource
@@ -107,9 +109,10 @@ class PeakMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.baseline = 0.0
-        if device.type == "cuda":
+        self.kind = "cuda" if device.type == "cuda" else "vmhwm" if self._reset_hwm() else "maxrss"
+        if self.kind == "cuda":
             self.method = "torch.cuda.max_memory_allocated() minus memory_allocated() before the calls (tensors only)"
-        elif self._reset_hwm():
+        elif self.kind == "vmhwm":
             self.method = (
                 "peak RSS (VmHWM, reset through /proc/self/clear_refs) minus RSS before the calls; psutil has no "
                 "resettable peak"
@@ -142,7 +145,7 @@ class PeakMemory:
             return
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6").malloc_trim(0)  # return freed heap pages so RSS reflects live memory
-        if self.method.startswith("peak RSS") and self._reset_hwm():
+        if self.kind == "vmhwm" and self._reset_hwm():
             self.baseline = (self._status_kib("VmRSS") or 0.0) / 1024
         else:
             self.baseline = self._maxrss_mib()
@@ -150,7 +153,7 @@ class PeakMemory:
     def peak(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20 - self.baseline
-        if self.method.startswith("peak RSS"):
+        if self.kind == "vmhwm":
             return (self._status_kib("VmHWM") or 0.0) / 1024 - self.baseline
         return self._maxrss_mib() - self.baseline
 
@@ -168,11 +171,13 @@ def synchronize(device: torch.device) -> None:
 def measure(
     fn: Callable[[], None], device: torch.device, warmup: int, repeats: int, max_call_s: float
 ) -> tuple[list[float], float, str]:
-    """Milliseconds per timed call, peak memory (MiB) over all calls, and a note (e.g. stopped early)."""
+    """Milliseconds per timed call, peak memory (MiB) over the timed calls, and a note (e.g. stopped early)."""
     memory = PeakMemory(device)
     memory.start()
     times = []
     for i in range(warmup + repeats):
+        if i == warmup > 0:
+            memory.start()  # one-time allocations of the first calls (kernel caches, lazy init) do not count
         synchronize(device)
         start = time.perf_counter()
         fn()
@@ -181,8 +186,8 @@ def measure(
         if i >= warmup:
             times.append(elapsed * 1e3)
         if elapsed > max_call_s:  # too slow to repeat: keep this one call as the estimate
-            note = f"one call took {elapsed:.0f} s > --max-call-seconds; timed once"
-            return times or [elapsed * 1e3], memory.peak(), note
+            kept = f"{len(times)} timed" if times else "that warm-up call is the estimate"
+            return times or [elapsed * 1e3], memory.peak(), f"stopped after a {elapsed:.0f} s call; {kept}"
     return times, memory.peak(), ""
 
 
@@ -219,6 +224,16 @@ def make_call(
     return forward_backward
 
 
+def predict_ms(history: list[tuple[int, float]], n_c: int) -> float:
+    """Time per call at ``n_c`` extrapolated from smaller ``N_c``: growth exponent from the last two, in [1, 2]."""
+    if not history:
+        return 0.0
+    (n_last, t_last), power = history[-1], 1.0
+    if len(history) > 1 and n_last != history[-2][0] and t_last > 0 and history[-2][1] > 0:
+        power = math.log(t_last / history[-2][1]) / math.log(n_last / history[-2][0])
+    return t_last * (n_c / n_last) ** min(max(power, 1.0), 2.0)
+
+
 def benchmark_model(label: str, model: NeuralProcess, args: argparse.Namespace, device: torch.device) -> list[Row]:
     """Rows for every ``N_c`` (and pass) of one model; larger ``N_c`` are skipped after an OOM or a slow call."""
     model = model.to(device)
@@ -226,6 +241,7 @@ def benchmark_model(label: str, model: NeuralProcess, args: argparse.Namespace, 
     runner: nn.Module = torch.compile(model) if args.compile else model
     passes = ["forward", "forward+backward"] if args.backward else ["forward"]
     stopped: dict[str, str] = {}
+    history: dict[str, list[tuple[int, float]]] = {kind: [] for kind in passes}
     rows = []
     for n_c in args.num_context:
         torch.manual_seed(0)
@@ -233,6 +249,9 @@ def benchmark_model(label: str, model: NeuralProcess, args: argparse.Namespace, 
         xt = random_x(model, args.batch_size, args.num_targets, device)
         for kind in passes:
             row = Row(label, params, args.batch_size, n_c, args.num_targets, kind, None, None, None, 0)
+            predicted = predict_ms(history[kind], n_c)
+            if kind not in stopped and predicted > 1e3 * args.max_call_seconds:
+                stopped[kind] = f"skipped: predicted {predicted / 1e3:,.0f} s per call > --max-call-seconds"
             if kind in stopped:
                 row.note = stopped[kind]
             else:
@@ -242,6 +261,7 @@ def benchmark_model(label: str, model: NeuralProcess, args: argparse.Namespace, 
                         call, device, args.warmup, args.repeats, args.max_call_seconds
                     )
                     row.median_ms, row.min_ms, row.repeats = statistics.median(times), min(times), len(times)
+                    history[kind].append((n_c, row.median_ms))
                     if row.note:
                         stopped[kind] = f"skipped: N_c = {n_c:,} was already too slow"
                 except Exception as err:
@@ -349,11 +369,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     what.add_argument("--preset", nargs="+", default=[], help="model preset name(s) (gridtnp list model)")
     what.add_argument("--dim-x", type=int, help="dim_x for presets (default: the preset's)")
     what.add_argument("--dim-y", type=int, help="dim_y for presets (default: the preset's)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-context", type=int, nargs="+", default=[1_000, 10_000, 100_000], help="N_c values")
+    parser.add_argument("--batch-size", type=int, help="default 8 (2 with --small)")
+    parser.add_argument("--num-context", type=int, nargs="+", help="N_c values; default 1000 10000 100000")
     parser.add_argument("--num-targets", type=int, default=1_000)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, help="timed calls per configuration; default 10 (2 with --small)")
+    parser.add_argument("--warmup", type=int, help="untimed calls first; default 3 (1 with --small)")
     parser.add_argument("--backward", action="store_true", help="also time forward + backward of the log-likelihood")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA only; ignored with a warning on CPU)")
@@ -363,7 +383,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-call-seconds",
         type=float,
         default=120.0,
-        help="after a call slower than this, stop repeating and skip larger N_c for that model and pass",
+        help="skip a configuration predicted (from smaller N_c) to take longer than this per call; after a call\n"
+        "slower than this, stop repeating and skip larger N_c for that model and pass",
     )
     parser.add_argument(
         "--small", action="store_true", help="smoke run: batch 2, N_c 100 1000 10000, 2 repeats, 1 warm-up"
@@ -374,8 +395,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.recipe and not args.preset:
         parser.error("give --recipe FILE... and/or --preset NAME... (see `gridtnp list model`)")
-    if args.small:
-        args.batch_size, args.num_context, args.repeats, args.warmup = 2, [100, 1_000, 10_000], 2, 1
+    # --small only changes what was not given explicitly, so `--small --num-context 100 1000` works.
+    small = {"batch_size": 2, "num_context": [100, 1_000, 10_000], "repeats": 2, "warmup": 1}
+    full = {"batch_size": 8, "num_context": [1_000, 10_000, 100_000], "repeats": 10, "warmup": 3}
+    for key, value in (small if args.small else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if min(args.batch_size, args.num_targets, args.repeats, *args.num_context) < 1 or args.warmup < 0:
         parser.error("--batch-size, --num-context, --num-targets and --repeats must be >= 1, --warmup >= 0")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -405,7 +430,9 @@ def main(argv: list[str] | None = None) -> None:
         "commit": git_commit(),
         "timing": f"median of {args.repeats} calls after {args.warmup} warm-up calls"
         + (", torch.cuda.synchronize() around each" if device.type == "cuda" else ""),
-        "memory": PeakMemory(device).method,
+        "memory": PeakMemory(device).method + "; over the timed calls",
+        "load": f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU cores at the start "
+        "(timings are noisy when it exceeds the number of cores)",
         "forward": "torch.no_grad(), model.eval(); forward+backward: model.train(), -log_prob(y_t).mean().backward()",
     }
     print("\n".join(f"{k}: {v}" for k, v in meta.items()), flush=True)

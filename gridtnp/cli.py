@@ -20,7 +20,23 @@ from gridtnp.registry import KINDS, ConfigError, available, describe
 
 
 class GridTNPCLI(LightningCLI):
-    """LightningCLI with gridtnp's defaults: a best/last checkpoint callback and the parameter count printed."""
+    """LightningCLI for any ``NeuralProcessModule`` and ``LightningDataModule`` (``class_path`` in the recipe),
+    with gridtnp's trainer defaults, a best/last checkpoint callback and the parameter count printed."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        from gridtnp.module import NeuralProcessModule
+
+        kwargs.setdefault("trainer_defaults", trainer_defaults())
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(
+            NeuralProcessModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            run=run,
+            **kwargs,
+        )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -45,17 +61,7 @@ def trainer_defaults() -> dict[str, Any]:
 
 def run_lightning(args: list[str] | None = None) -> None:
     """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``."""
-    from gridtnp.module import NeuralProcessModule
-
-    GridTNPCLI(
-        NeuralProcessModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults=trainer_defaults(),
-        save_config_kwargs={"overwrite": True},
-        args=args,
-    )
+    GridTNPCLI(args=args)
 
 
 def list_components(args: list[str]) -> None:

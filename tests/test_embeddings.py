@@ -199,3 +199,15 @@ def test_composite_in_an_encoder_trains():
     dist = model({"points": Observations(x, torch.randn(2, 8, 1))}, x[:, :3])
     dist.log_prob(torch.zeros_like(dist.mean)).mean().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_casting_the_module_keeps_full_precision_constants():
+    # Module.float() / .half() cast float64 buffers too; the embeddings rebuild their constants instead.
+    temporal = build("embedding", "temporal", dim_x=1)
+    t = torch.tensor([[[460_000.0], [460_123.5]]])
+    expected = temporal(t)
+    torch.testing.assert_close(temporal.float()(t), expected, atol=1e-6, rtol=0)
+    embed = sh()
+    x = lat_lon(50)
+    torch.testing.assert_close(embed.half()(x), sh()(x), atol=1e-6, rtol=0)
+    assert embed.half()(x.double()).dtype == torch.float64

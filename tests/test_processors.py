@@ -43,7 +43,7 @@ def make_identity(block: SelfAttentionBlock) -> None:
 @pytest.mark.parametrize("shape", [(8,), (4, 6)])
 def test_swin_with_one_window_and_no_shift_is_full_mhsa(shape):
     grid = make_grid(shape)
-    proc = SwinProcessor(grid, layers=2, window=list(shape), shift=0, **SMALL)
+    proc = SwinProcessor(grid, layers=2, window=list(shape), shift=0, share_weights=False, **SMALL)
     reference = [SelfAttentionBlock(**SMALL) for _ in range(4)]
     for ref, block in zip(reference, proc.blocks, strict=True):
         ref.load_state_dict(block.state_dict())
@@ -60,7 +60,7 @@ def test_swin_with_one_window_and_no_shift_is_full_mhsa(shape):
 def test_swin_regular_windows_match_explicit_slices():
     """The first block of a layer equals MHSA applied to each explicitly sliced window."""
     grid = make_grid((8, 12))
-    proc = SwinProcessor(grid, layers=1, window=[4, 3], **SMALL)
+    proc = SwinProcessor(grid, layers=1, window=[4, 3], share_weights=False, **SMALL)
     make_identity(proc.blocks[1])  # keep only the regular-window block
     lat = latent(grid)
     out = proc(lat)[0].tokens
@@ -114,7 +114,7 @@ def influence(proc: SwinProcessor, grid: Grid) -> torch.Tensor:
 )
 def test_shifted_windows_mix_only_neighbours(shape, window, shift, roll):
     grid = make_grid(shape, roll)
-    proc = SwinProcessor(grid, layers=1, window=list(window), shift=list(shift), **SMALL)
+    proc = SwinProcessor(grid, layers=1, window=list(window), shift=list(shift), share_weights=False, **SMALL)
     make_identity(proc.blocks[0])  # keep only the shifted-window block
     assert torch.equal(influence(proc, grid), shifted_reference(shape, window, shift, roll))
 
@@ -122,7 +122,7 @@ def test_shifted_windows_mix_only_neighbours(shape, window, shift, roll):
 def test_rolled_dimension_wraps_and_ordinary_does_not():
     for rolled in (False, True):
         grid = make_grid((4, 8), (False, rolled))
-        proc = SwinProcessor(grid, layers=1, window=4, **SMALL)
+        proc = SwinProcessor(grid, layers=1, window=4, share_weights=False, **SMALL)
         make_identity(proc.blocks[0])
         z = torch.randn(1, 4, 8, 16)
         z2 = z.clone()
@@ -130,7 +130,7 @@ def test_rolled_dimension_wraps_and_ordinary_does_not():
         out, out2 = (proc(Latent(t, grid=grid))[0].tokens for t in (z, z2))
         assert (out2[0, 1, -1] != out[0, 1, -1]).any() == rolled  # ... reaches column M - 1 only when rolled
     grid = make_grid((4, 8), (False, True))  # roll_dims overrides the grid's roll
-    proc = SwinProcessor(grid, layers=1, window=4, roll_dims=[False, False], **SMALL)
+    proc = SwinProcessor(grid, layers=1, window=4, roll_dims=[False, False], share_weights=False, **SMALL)
     make_identity(proc.blocks[0])
     assert torch.equal(influence(proc, grid), shifted_reference((4, 8), (4, 4), (0, 2), (False, False)))
 
@@ -189,7 +189,10 @@ def test_swin_masks_are_built_once_and_cached():
 
 def test_swin_parameter_count():
     proc = SwinProcessor(make_grid((32, 32)))  # paper defaults: dim 128, 5 layers, window 4, shift 2
-    assert sum(p.numel() for p in proc.parameters()) == 10 * block_params(128, 8, 16, 128) == 992_000
+    # One block per layer, applied to the regular then the shifted windows (as in the paper's code).
+    assert sum(p.numel() for p in proc.parameters()) == 5 * block_params(128, 8, 16, 128) == 496_000
+    unshared = SwinProcessor(make_grid((32, 32)), share_weights=False)
+    assert sum(p.numel() for p in unshared.parameters()) == 10 * block_params(128, 8, 16, 128) == 992_000
 
 
 # --- vit --------------------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ A specification is a plain mapping (what a YAML recipe holds)::
      "grid_decoder": {"name": "cross_attention", "layers": 5}, "likelihood": {"name": "gaussian"}}
 
 ``build_model`` passes each component the shared keywords it accepts: ``dim``, ``dim_x``, ``dim_y``,
-``grid`` (the model's coordinate system), ``in_dim`` (width of the encoder's tokens) and, for the grid
-decoder, ``layers`` (the processor's number of states) unless the spec sets them.
+``grid`` (the model's coordinate system), ``in_dim`` and ``sources`` (width of the encoder's tokens and the
+context source names, for grid encoders) and, for the grid decoder, ``layers`` (the processor's number of
+states) unless the spec sets them.
 """
 
 from __future__ import annotations
@@ -166,7 +167,11 @@ def build_model(spec: dict[str, Any]) -> NeuralProcess:
     if len(widths) != 1:
         raise ConfigError(f"all sources' encoders must produce tokens of one width; got {sorted(widths)}.")
     shared = {"dim": dim, "dim_x": dim_x, "grid": grid}
-    grid_encoder = build_from_spec("grid_encoder", spec["grid_encoder"], in_dim=widths.pop(), **shared)
+    grid_encoder = build_from_spec(
+        "grid_encoder", spec["grid_encoder"], in_dim=widths.pop(), sources=list(sources), **shared
+    )
+    # A grid encoder may encode onto a coarser grid than the model's (``coarsen``): what follows works on that one.
+    shared["grid"] = getattr(grid_encoder, "grid", None) or grid
     processor = build_from_spec("processor", spec["processor"], **shared)
     grid_decoder = build_from_spec(
         "grid_decoder", spec["grid_decoder"], layers=getattr(processor, "num_states", 1), **shared

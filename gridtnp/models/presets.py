@@ -100,3 +100,62 @@ def convcnp(
         dim=dim,
         grid={"lower": [-b] * dim_x, "upper": [b] * dim_x, "shape": [size] * dim_x},
     )
+
+
+def _square_grid(dim_x: int, size: int, bound: float) -> Spec:
+    return {"lower": [-bound] * dim_x, "upper": [bound] * dim_x, "shape": [size] * dim_x}
+
+
+@register("model", "swin_tnp")
+def swin_tnp(
+    dim_x: int = 2,
+    dim_y: int = 1,
+    dim: int = 128,
+    grid_encoder: str = "pseudo_token",
+    grid_size: int = 32,
+    bound: float = 6.0,
+    window: int | None = None,
+    layers: int = 5,
+    decoder: str = "knn",
+    k: int = 9,
+) -> Spec:
+    """Swin-TNP (gridded TNP paper): grid encoder onto a grid, Swin layers, k-NN target decoding per layer.
+
+    Window 4 up to 32 points per dimension, 8 above (the paper's 32 x 32 and 64 x 64 models).
+    """
+    decoder_spec: Spec = {"name": "knn", "k": k} if decoder == "knn" else {"name": decoder}
+    return _spec(
+        {"name": "mlp"},
+        {"name": grid_encoder},
+        {"name": "swin", "layers": layers, "window": window or (4 if grid_size <= 32 else 8)},
+        decoder_spec,
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+        grid=_square_grid(dim_x, grid_size, bound),
+    )
+
+
+@register("model", "vitnp")
+def vitnp(
+    dim_x: int = 2,
+    dim_y: int = 1,
+    dim: int = 128,
+    grid_encoder: str = "pseudo_token",
+    grid_size: int = 16,
+    bound: float = 6.0,
+    patch: int | None = None,
+    layers: int = 5,
+    k: int = 9,
+) -> Spec:
+    """ViTNP (gridded TNP paper): grid encoder, optional patch encoding, full MHSA, k-NN target decoding per layer."""
+    return _spec(
+        {"name": "mlp"},
+        {"name": grid_encoder},
+        {"name": "vit", "layers": layers, "patch": patch},
+        {"name": "knn", "k": k},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+        grid=_square_grid(dim_x, grid_size, bound),
+    )

@@ -103,19 +103,25 @@ class SphericalHarmonicsEmbedding(nn.Module):
         L = legendre_polynomials
         self.lat_dim, self.lon_dim = lat_lon
         self.register_buffer("rest", torch.tensor(rest, dtype=torch.long), persistent=False)
-        a, b, c = _normalised_legendre_coefficients(L)
-        self.register_buffer("a", a.float(), persistent=False)
-        self.register_buffer("b", b.float(), persistent=False)
-        self.register_buffer("c", c.float(), persistent=False)
+        # float64 constants, cast to the input's precision in forward (see ``constants``).
+        for name, value in zip("abc", _normalised_legendre_coefficients(L), strict=True):
+            self.register_buffer(name, value, persistent=False)
         ell = torch.cat([torch.full((2 * k + 1,), k) for k in range(L)])
         m = torch.cat([torch.arange(-k, k + 1) for k in range(L)])
         # Feature (l, m) = P̄[l, |m|] * trig[m + L - 1] * scale, gathered from flat tables in one step.
         self.register_buffer("legendre_index", ell * L + m.abs(), persistent=False)
         self.register_buffer("trig_index", m + L - 1, persistent=False)
-        self.register_buffer("scale", torch.where(m == 0, 1.0, math.sqrt(2.0)), persistent=False)
-        self.register_buffer("orders", torch.arange(L, dtype=torch.float32), persistent=False)
+        self.register_buffer("nonzero_order", m != 0, persistent=False)
+        self.register_buffer("orders", torch.arange(L), persistent=False)
         self.legendre_polynomials = L
         self.out_dim = len(rest) + L * L
+
+    def constants(self, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """The recurrence constants ``a, b, c`` in float64, rebuilt if the module was cast (``.half()``, ...)."""
+        if self.a.dtype == torch.float64:
+            return self.a, self.b, self.c
+        a, b, c = _normalised_legendre_coefficients(self.legendre_polynomials)
+        return a.to(device), b.to(device), c.to(device)
 
     def harmonics(self, lat: Tensor, lon: Tensor) -> Tensor:
         """``Y_l^m`` at latitude and longitude in degrees ``[...]`` -> ``[..., L^2]``, in float32 (or float64)."""
@@ -125,11 +131,12 @@ class SphericalHarmonicsEmbedding(nn.Module):
         # Reduce longitude in degrees first so that lon and lon + 360 give the same angle exactly.
         lon = torch.deg2rad(torch.remainder(lon.to(dtype), 360.0))
         cos_t, sin_t = torch.sin(lat), torch.cos(lat).clamp(min=0)  # cos / sin of the colatitude
-        a, b, orders = self.a.to(dtype), self.b.to(dtype), self.orders.to(dtype)
+        a, b, c = (t.to(dtype) for t in self.constants(lat.device))
+        orders = self.orders.to(dtype)
         # Diagonal P̄_m^m for all m at once; then the three-term recurrence over degrees, vectorised over orders.
         # sin^m by a cumulative product (a pow would give NaN gradients at the poles, where sin = 0).
         powers = torch.cat([torch.ones_like(sin_t).unsqueeze(-1), sin_t.unsqueeze(-1).expand(*sin_t.shape, L - 1)], -1)
-        diagonal = self.c.to(dtype) * powers.cumprod(-1)  # [..., L]
+        diagonal = c * powers.cumprod(-1)  # [..., L]
         is_diag = torch.eye(L, dtype=torch.bool, device=lat.device)
         below = torch.ones(L, L, device=lat.device).tril(-1).bool()  # m < l
         prev, prev2 = torch.zeros_like(diagonal), torch.zeros_like(diagonal)
@@ -142,7 +149,8 @@ class SphericalHarmonicsEmbedding(nn.Module):
         legendre = torch.stack(rows, dim=-2).flatten(-2)  # [..., L * L], index l * L + m
         angle = lon.unsqueeze(-1) * orders  # [..., L]
         trig = torch.cat([torch.sin(angle[..., 1:]).flip(-1), torch.cos(angle)], dim=-1)  # m = -(L-1) .. L-1
-        return legendre[..., self.legendre_index] * trig[..., self.trig_index] * self.scale.to(dtype)
+        scale = 1 + (math.sqrt(2) - 1) * self.nonzero_order.to(dtype)  # sqrt(2) for m != 0
+        return legendre[..., self.legendre_index] * trig[..., self.trig_index] * scale
 
     def forward(self, x: Tensor) -> Tensor:
         features = self.harmonics(x[..., self.lat_dim], x[..., self.lon_dim]).to(x.dtype)
@@ -189,12 +197,15 @@ class TemporalEmbedding(nn.Module):
             if lam.numel() == 0 or (lam <= 0).any():
                 raise ValueError(f"temporal embedding needs positive wavelengths (hours); got {wavelengths}.")
         self.register_buffer("wavelengths", lam, persistent=False)  # float64 on purpose: see the class docstring
+        self._wavelengths = tuple(lam.tolist())  # to rebuild them if the module is cast to a lower precision
         self.register_buffer("rest", torch.tensor(rest, dtype=torch.long), persistent=False)
         self.out_dim = len(rest) + 2 * lam.numel()
 
     def forward(self, x: Tensor) -> Tensor:
         t = x[..., self.time_dim].double().unsqueeze(-1)  # [B, N, 1]
-        lam = self.wavelengths.to(x.device, torch.float64)
+        lam = self.wavelengths
+        if lam.dtype != torch.float64:  # the module was cast (``.float()``, ``.half()``): keep the full precision
+            lam = torch.tensor(self._wavelengths, dtype=torch.float64, device=x.device)
         phase = (2 * math.pi) * (torch.remainder(t, lam) / lam)  # in [0, 2 pi), exact to float64 rounding
         dtype = x.dtype if x.dtype.is_floating_point else torch.float32
         return torch.cat([x.index_select(-1, self.rest).to(dtype), phase.sin().to(dtype), phase.cos().to(dtype)], -1)

@@ -71,6 +71,18 @@ def _gather_rows(t: Tensor, index: Tensor) -> Tensor:
     return t.reshape(b * m, c).index_select(0, (index + offset).reshape(-1)).view(*index.shape, c)
 
 
+def _gather_heads(t: Tensor, index: Tensor) -> Tensor:
+    """Per-head rows of ``t [B, H, M, Dh]`` at ``index [B, Nt, K]`` -> ``[B * Nt, H, K, Dh]``, contiguous for SDPA."""
+    b, h, m, dh = t.shape
+    # Row (b, h, m) of the flattened table; gathering per head gives SDPA's layout without a transposed copy.
+    offset = (
+        torch.arange(b, device=index.device).view(b, 1, 1, 1) * h
+        + torch.arange(h, device=index.device).view(1, 1, h, 1)
+    ) * m
+    rows = (index.unsqueeze(2) + offset).reshape(-1)  # [B * Nt * H * K]
+    return t.reshape(b * h * m, dh).index_select(0, rows).view(b * index.shape[1], h, index.shape[2], dh)
+
+
 def _state_grid(state: Latent, grid: Grid | None, name: str) -> Grid:
     """The grid of ``state`` (a processor may coarsen it), else the decoder's own; checks the token shape."""
     grid = state.grid if state.grid is not None else grid
@@ -189,17 +201,15 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
         heads, head_dim = self.attn.heads, self.attn.head_dim
         # Keys/values are projected once on the grid ([B, H, M, Dh]) and then gathered, not projected per copy.
         keys, values = self.attn.project_kv(self.norm_kv(zkv))
-        kv = torch.cat([keys, values], dim=-1).transpose(1, 2).flatten(2)  # [B, M, H * 2Dh]
-        kv = _gather_rows(kv, index).view(b * nt, k, heads, 2 * head_dim).transpose(1, 2)  # [B*Nt, H, K, 2Dh]
-        keys, values = kv.split(head_dim, dim=-1)
+        keys, values = _gather_heads(keys, index), _gather_heads(values, index)  # [B*Nt, H, K, Dh]
         if self.rel is not None:
             if offset is None:
                 raise ValueError("NeighbourCrossAttentionBlock with rel_dim needs the offsets of the neighbours.")
             rel = self.rel(offset.to(self.rel[0].weight.dtype)).view(b * nt, k, heads, head_dim).transpose(1, 2)
             keys = keys + rel
         # Targets become the batch dimension: one SDPA call, queries [B*Nt, H, 1, Dh] vs keys [B*Nt, H, K, Dh].
-        q = self.norm_q(zq).reshape(b * nt, 1, -1)
-        zq = zq + self.attn.attend(q, keys, values, valid.reshape(b * nt, k)).view(b, nt, -1)
+        q = self.norm_q(zq).reshape(b * nt, 1, zq.shape[-1])
+        zq = zq + self.attn.attend(q, keys, values, valid.reshape(b * nt, k)).view(zq.shape)
         return zq + self.mlp(self.norm2(zq))
 
 
@@ -213,7 +223,8 @@ class KNNDecoder(nn.Module):
     attention update). One block per processor state, so targets are refreshed after every processor layer
     (TNP eq. 9). ``relative_position`` adds a learned embedding of ``(x_t - g) / spacing`` (wrapped) to each
     gathered key, so attention can depend on where a grid point lies relative to the target, not only on its
-    token. The state's grid is used when it carries one (a processor may coarsen it), else ``grid``.
+    token; the embedding is an MLP ``d -> mlp_dim -> heads * head_dim`` per block. The state's grid is used when
+    it carries one (a processor may coarsen it), else ``grid``.
     """
 
     def __init__(

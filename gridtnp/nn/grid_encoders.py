@@ -162,11 +162,13 @@ class PseudoTokenGridEncoder(nn.Module):
             rows = torch.nonzero(occupied).squeeze(-1)  # only occupied cells attend: [R]
             row_of = torch.cumsum(occupied, 0) - 1
             keep = (bucket < b * m) & (rank < size)
-            slot = row_of[bucket[keep]] * size + rank[keep]
-            # Keys/values once per context token (project_kv, kept flat so one gather serves both).
+            # Which context token fills each slot of the [R, S] buffer; padding slots read token 0, whose
+            # (finite) key is masked out, so one gather builds the buffer with no fill or scatter of [R, S, D].
+            source = torch.zeros(rows.numel() * size, dtype=torch.long, device=rows.device)
+            source[row_of[bucket[keep]] * size + rank[keep]] = point[keep]
+            # Keys/values once per context token (project_kv's projection, kept flat so one gather serves both).
             kv = attn.to_kv(block.norm_kv(z)).flatten(0, 1)
-            buffer = kv.new_zeros(rows.numel() * size, kv.shape[-1]).index_copy(0, slot, kv[point[keep]])
-            k, v = buffer.view(rows.numel(), size, -1).chunk(2, dim=-1)
+            k, v = kv[source].view(rows.numel(), size, -1).chunk(2, dim=-1)
             key_mask = torch.arange(size, device=rows.device) < counts[rows].clamp(max=size).unsqueeze(-1)
             q = block.norm_q(u0)[torch.remainder(rows, m)].unsqueeze(1)  # [R, 1, D]
             out = attn.attend(q, attn.split_heads(k), attn.split_heads(v), key_mask)
@@ -202,7 +204,7 @@ class AverageGridEncoder(nn.Module):
         dtype = torch.promote_types(t.z.dtype, torch.float32)
         w = valid[..., 0].flatten().to(dtype)
         z = torch.where(t.mask.unsqueeze(-1), t.z, 0.0).flatten(0, 1).to(dtype)  # padded values may be NaN
-        sums = z.new_zeros(b * m, z.shape[-1]).index_add(0, bucket, z * w.unsqueeze(-1))
+        sums = z.new_zeros(b * m, z.shape[-1]).index_add(0, bucket, z)  # z is already 0 where w is
         counts = w.new_zeros(b * m).index_add(0, bucket, w).unsqueeze(-1)
         out = self.proj(sums / counts.clamp(min=1.0))
         out = torch.where(counts > 0, out, self.empty.to(out.dtype))
