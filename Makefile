@@ -19,10 +19,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## The main job on the embedded default data.
+DEMO_RECIPE ?= recipes/gp1d_tnp.yaml
+DEMO_DIR ?= runs/demo
+
+## The main job on the embedded default data: a short CPU training run, then the test set.
 demo: install
-	$(BIN)/gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
-	$(BIN)/gridtnp test --config recipes/gp1d_tnp.yaml --ckpt_path last
+	$(BIN)/gridtnp fit --config $(DEMO_RECIPE) --trainer.max_steps 300 \
+		--trainer.default_root_dir $(DEMO_DIR) --checkpoint.dirpath $(DEMO_DIR)/checkpoints
+	$(BIN)/gridtnp test --config $(DEMO_RECIPE) --trainer.default_root_dir $(DEMO_DIR) \
+		--ckpt_path $(DEMO_DIR)/checkpoints/last.ckpt
 
 ## The test suite (fast tests only; under 10 minutes on 2 CPU cores).
 test: install
