@@ -56,7 +56,7 @@ def naive_encoder(enc: KernelInterpolationEncoder, t: Tokens) -> torch.Tensor:
                     h += k * t.z[bi, i].double()
                     dens += k
             feats[bi, m, :c] = h / (dens + enc.eps)
-            feats[bi, m, c] = dens
+            feats[bi, m, c] = math.log1p(dens)
     out = feats.float() @ enc.proj.weight.T + enc.proj.bias
     return out.reshape(b, *enc.grid.shape, -1)
 

@@ -243,7 +243,7 @@ def test_kernel_interpolation_nearest_only_is_restricted_dense(k: int | None, de
     h = w.transpose(1, 2) @ z
     if density:
         dens = w.sum(1).unsqueeze(-1)
-        h = torch.cat([h / (dens + enc.eps), dens], dim=-1)
+        h = torch.cat([h / (dens + enc.eps), torch.log1p(dens)], dim=-1)
     ref = enc.proj(h).view(2, 5, 6, 5)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="nearest_only"):
@@ -293,14 +293,14 @@ def test_kernel_interpolation_haversine() -> None:
                 r = naive_haversine_km(xi[1:], g[1:]) / 3000.0
                 w = math.exp(-0.5 * (((xi[0] - g[0]) / 0.7) ** 2 + r**2))
                 feats[bi, m] += w * torch.cat([t.z[bi, i], torch.ones(1)])
-    feats = torch.cat([feats[..., :2] / (feats[..., 2:] + enc.eps), feats[..., 2:]], dim=-1)
+    feats = torch.cat([feats[..., :2] / (feats[..., 2:] + enc.eps), torch.log1p(feats[..., 2:])], dim=-1)
     torch.testing.assert_close(out, enc.proj(feats).view(2, 2, 5, 8, 4), atol=1e-5, rtol=1e-4)
     # nearest_only: the same kernel restricted to the nearest location.
     sparse = KernelInterpolationEncoder(grid, in_dim=2, dim=4, distance="haversine", nearest_only=True)
     sparse.load_state_dict(enc.state_dict())
     w = enc.dense_weights(t.x, t.mask) * neighbour_mask(t, grid, 1)  # nearest in (time, lat, lon) coordinates
     h = w.transpose(1, 2) @ torch.cat([torch.where(t.mask.unsqueeze(-1), t.z, 0.0), torch.ones(2, 6, 1)], -1)
-    h = torch.cat([h[..., :2] / (h[..., 2:] + enc.eps), h[..., 2:]], dim=-1)
+    h = torch.cat([h[..., :2] / (h[..., 2:] + enc.eps), torch.log1p(h[..., 2:])], dim=-1)
     torch.testing.assert_close(sparse({"p": t}).tokens, enc.proj(h).view(2, 2, 5, 8, 4), atol=1e-5, rtol=1e-4)
     # Default length-scales: 2 x time spacing, 2 x the coarser of the lat/lon spacings in km.
     default = KernelInterpolationEncoder(grid, in_dim=2, distance="haversine")

@@ -216,8 +216,9 @@ class KernelInterpolationEncoder(nn.Module):
     """SetConv / KI-GE: SE-kernel sums of context tokens at every grid point, then Linear -> ``[B, M1..Md, dim]``.
 
     ``h(g) = sum_n k(x_n, g) z_n`` and the density ``d(g) = sum_n k(x_n, g)`` over valid context points.
-    With ``density`` the output is ``Linear(cat[h / (d + eps), d])`` (ConvCNP, Gordon et al. 2020, Algorithm 1:
-    ``phi(y) = [1, y]`` and the data channels divided by the density channel), else ``Linear(h)``.
+    With ``density`` the output is ``Linear(cat[h / (d + eps), log(1 + d)])`` (ConvCNP, Gordon et al. 2020,
+    Algorithm 1: ``phi(y) = [1, y]`` and the data channels divided by the density channel; the density enters
+    as ``log(1 + d)`` so its scale does not grow with the context size), else ``Linear(h)``.
     Length-scales are learned per dimension (log-parametrised); rolled dimensions use the wrapped distance.
     The context is processed ``chunk_size`` points at a time, so memory is ``[B, chunk_size, M]``.
 
@@ -331,7 +332,9 @@ class KernelInterpolationEncoder(nn.Module):
                     h = h + w.transpose(1, 2) @ values[:, start:stop]
             if self.density:
                 h, d = h[..., :-1], h[..., -1:]
-                h = torch.cat([h / (d + self.eps), d], dim=-1)
+                # log1p keeps the density channel O(1): a raw kernel sum grows with the number of points per cell
+                # (about 260 for the 2-D GP task's 10,000 points), which would swamp the data channels.
+                h = torch.cat([h / (d + self.eps), torch.log1p(d)], dim=-1)
         out = self.proj(h.to(self.proj.weight.dtype))
         return Latent(out.reshape(b, *self.grid.shape, out.shape[-1]), grid=self.grid)
 
