@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from gridtnp.data.batch import Observations
+from gridtnp.nn.grids import Grid
 
 
 @pytest.fixture(autouse=True)
@@ -18,3 +21,12 @@ def random_context(b: int = 3, n: int = 12, dim_x: int = 1, dim_y: int = 1, p_va
     mask = torch.rand(b, n) < p_valid
     mask[:, 0] = True
     return Observations(torch.randn(b, n, dim_x), torch.randn(b, n, dim_y), mask, "context")
+
+
+def grid_coords(grid: Grid) -> list[list[float]]:
+    """Grid points row-major, by hand."""
+    axes = []
+    for lo, hi, m, r in zip(grid.lower, grid.upper, grid.shape, grid.roll, strict=True):
+        step = (hi - lo) / (m if r else m - 1)
+        axes.append([lo + i * step for i in range(m)])
+    return [list(p) for p in itertools.product(*axes)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -16,6 +15,7 @@ from gridtnp.nn.grids import Grid, se_weights
 from gridtnp.nn.processors import CNNProcessor, UNetProcessor, _GridConv, _GridConvTranspose
 from gridtnp.nn.tokens import Latent, Tokens
 from gridtnp.registry import build, build_from_spec
+from tests.conftest import grid_coords
 
 torch.manual_seed(0)
 
@@ -30,15 +30,6 @@ def naive_kernel(x: list[float], g: list[float], grid: Grid, lengthscale: list[f
             diff = (diff + period / 2) % period - period / 2
         total += (diff / lengthscale[d]) ** 2
     return math.exp(-0.5 * total)
-
-
-def grid_coords(grid: Grid) -> list[list[float]]:
-    """Grid points row-major, by hand."""
-    axes = []
-    for lo, hi, m, r in zip(grid.lower, grid.upper, grid.shape, grid.roll, strict=True):
-        step = (hi - lo) / (m if r else m - 1)
-        axes.append([lo + i * step for i in range(m)])
-    return [list(p) for p in itertools.product(*axes)]
 
 
 def naive_encoder(enc: KernelInterpolationEncoder, t: Tokens) -> torch.Tensor:

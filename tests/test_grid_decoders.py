@@ -6,7 +6,6 @@ and the k-NN decoder is compared with dense cross-attention blocks under that ne
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -17,17 +16,9 @@ from gridtnp.nn.grid_decoders import KernelInterpolationDecoder, KNNDecoder
 from gridtnp.nn.grids import Grid
 from gridtnp.nn.tokens import Latent
 from gridtnp.registry import ConfigError, build_from_spec
+from tests.conftest import grid_coords
 
 DIM, HEADS, HEAD_DIM = 16, 4, 4
-
-
-def grid_coords(grid: Grid) -> list[list[float]]:
-    """Grid points row-major, by hand."""
-    axes = []
-    for lo, hi, m, r in zip(grid.lower, grid.upper, grid.shape, grid.roll, strict=True):
-        step = (hi - lo) / (m if r else m - 1)
-        axes.append([lo + i * step for i in range(m)])
-    return [list(p) for p in itertools.product(*axes)]
 
 
 def offset_in_spacings(x: list[float], g: list[float], grid: Grid) -> list[float]:

@@ -18,6 +18,7 @@ from gridtnp.nn.grid_encoders import (
 from gridtnp.nn.grids import Grid, coarsen_grid, great_circle, se_weights
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import build_from_spec
+from tests.conftest import grid_coords
 
 GRID = Grid([-1.0, 0.0], [1.0, 6.0], [5, 6], roll=[False, True])  # spacing (0.5, 1.0), dim 1 rolled
 
@@ -29,15 +30,6 @@ def random_tokens(b: int, n: int, c: int, grid: Grid, valid: list[int], margin: 
     x = lo + (hi - lo) * torch.rand(b, n, grid.ndim)
     mask = torch.arange(n)[None] < torch.tensor(valid)[:, None]
     return Tokens(x, torch.randn(b, n, c), mask)
-
-
-def grid_coords(grid: Grid) -> list[list[float]]:
-    """Grid points row-major, by hand."""
-    axes = []
-    for lo, hi, m, r in zip(grid.lower, grid.upper, grid.shape, grid.roll, strict=True):
-        step = (hi - lo) / (m if r else m - 1)
-        axes.append([lo + i * step for i in range(m)])
-    return [list(p) for p in itertools.product(*axes)]
 
 
 def cell_distances(x: list[float], grid: Grid) -> list[float]:

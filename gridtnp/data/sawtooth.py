@@ -13,6 +13,7 @@ Optional Gaussian observation noise (``noise``, default 0 as in ConvCNP).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,26 +32,31 @@ def sawtooth(u: Tensor, frequency: Tensor, shift: Tensor, terms: Tensor, max_ter
 
 
 class _Sawtooth:
-    """Shared sampling for the sawtooth tasks; subclasses choose the input dimension and the directions."""
+    """Shared sampling for the sawtooth tasks; subclasses choose the input dimension, the directions and the
+    default set sizes (``None`` takes them)."""
 
     name = "sawtooth"
     dim_x = 1
+    default_max_context = 64
+    default_num_targets = 128
 
     def __init__(
         self,
-        min_context: int,
-        max_context: int,
-        num_targets: int,
-        context_range: tuple[float, float],
-        target_range: tuple[float, float],
-        frequency_range: tuple[float, float],
-        shift_range: tuple[float, float],
-        min_terms: int,
-        max_terms: int,
-        amplitude: float,
-        noise: float,
+        min_context: int = 1,
+        max_context: int | None = None,
+        num_targets: int | None = None,
+        context_range: tuple[float, float] = (-2.0, 2.0),
+        target_range: tuple[float, float] = (-2.0, 2.0),
+        frequency_range: tuple[float, float] = (3.0, 5.0),
+        shift_range: tuple[float, float] = (-5.0, 5.0),
+        min_terms: int = 10,
+        max_terms: int = 20,
+        amplitude: float = 1.0,
+        noise: float = 0.0,
     ) -> None:
         name = self.name
+        max_context = self.default_max_context if max_context is None else max_context
+        num_targets = self.default_num_targets if num_targets is None else num_targets
         check_sizes(name, "min_context", min_context, "max_context", max_context)
         check_sizes(name, "num_targets", num_targets, "num_targets", num_targets, smallest=1)
         check_sizes(name, "min_terms", min_terms, "max_terms", max_terms, smallest=1)
@@ -93,34 +99,6 @@ class Sawtooth1D(_Sawtooth):
 
     name = "sawtooth1d"
 
-    def __init__(
-        self,
-        min_context: int = 1,
-        max_context: int = 64,
-        num_targets: int = 128,
-        context_range: tuple[float, float] = (-2.0, 2.0),
-        target_range: tuple[float, float] = (-2.0, 2.0),
-        frequency_range: tuple[float, float] = (3.0, 5.0),
-        shift_range: tuple[float, float] = (-5.0, 5.0),
-        min_terms: int = 10,
-        max_terms: int = 20,
-        amplitude: float = 1.0,
-        noise: float = 0.0,
-    ) -> None:
-        super().__init__(
-            min_context,
-            max_context,
-            num_targets,
-            context_range,
-            target_range,
-            frequency_range,
-            shift_range,
-            min_terms,
-            max_terms,
-            amplitude,
-            noise,
-        )
-
 
 @register("task", "sawtooth2d")
 class Sawtooth2D(_Sawtooth):
@@ -128,34 +106,8 @@ class Sawtooth2D(_Sawtooth):
 
     name = "sawtooth2d"
     dim_x = 2
-
-    def __init__(
-        self,
-        min_context: int = 1,
-        max_context: int = 256,
-        num_targets: int = 256,
-        context_range: tuple[float, float] = (-2.0, 2.0),
-        target_range: tuple[float, float] = (-2.0, 2.0),
-        frequency_range: tuple[float, float] = (3.0, 5.0),
-        shift_range: tuple[float, float] = (-5.0, 5.0),
-        min_terms: int = 10,
-        max_terms: int = 20,
-        amplitude: float = 1.0,
-        noise: float = 0.0,
-    ) -> None:
-        super().__init__(
-            min_context,
-            max_context,
-            num_targets,
-            context_range,
-            target_range,
-            frequency_range,
-            shift_range,
-            min_terms,
-            max_terms,
-            amplitude,
-            noise,
-        )
+    default_max_context = 256
+    default_num_targets = 256
 
     def directions(self, batch_size: int, generator: torch.Generator) -> Tensor:
         """Uniformly random unit directions ``[B, 2]``."""
@@ -170,36 +122,11 @@ class Sawtooth2DRestricted(Sawtooth2D):
 
     name = "sawtooth2d_restricted"
 
-    def __init__(
-        self,
-        min_context: int = 1,
-        max_context: int = 256,
-        num_targets: int = 256,
-        context_range: tuple[float, float] = (-2.0, 2.0),
-        target_range: tuple[float, float] = (-2.0, 2.0),
-        frequency_range: tuple[float, float] = (3.0, 5.0),
-        shift_range: tuple[float, float] = (-5.0, 5.0),
-        min_terms: int = 10,
-        max_terms: int = 20,
-        amplitude: float = 1.0,
-        noise: float = 0.0,
-        test_rotated: bool = False,
-    ) -> None:
+    def __init__(self, test_rotated: bool = False, **kwargs: Any) -> None:
+        """``test_rotated`` plus the arguments of ``sawtooth2d``."""
         if not isinstance(test_rotated, bool):
             raise ConfigError(f"{self.name}: test_rotated must be true or false; got {test_rotated!r}.")
-        super().__init__(
-            min_context,
-            max_context,
-            num_targets,
-            context_range,
-            target_range,
-            frequency_range,
-            shift_range,
-            min_terms,
-            max_terms,
-            amplitude,
-            noise,
-        )
+        super().__init__(**kwargs)
         self.test_rotated = test_rotated
 
     def directions(self, batch_size: int, generator: torch.Generator) -> Tensor:
