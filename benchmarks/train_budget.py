@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--test-batches", type=int, default=None, help="override the recipe's test set size")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/train_budget.md"))
     args = parser.parse_args()
+    started_at = commit()  # the code that runs, even if the tree changes while it trains
 
     rows = []
     for recipe in args.recipes:
@@ -104,7 +105,7 @@ def main() -> None:
         "",
         f"- command: `python {' '.join(sys.argv)}`",
         f"- date: {dt.datetime.now().isoformat(timespec='seconds')}; device: {device}; threads: "
-        f"{torch.get_num_threads()}; torch {torch.__version__}; precision 32-true; commit {commit()}",
+        f"{torch.get_num_threads()}; torch {torch.__version__}; precision 32-true; commit {started_at}",
         f"- load average at the end: {os.getloadavg()[0]:.2f}",
         "",
     ]

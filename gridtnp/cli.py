@@ -1,8 +1,9 @@
-"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, and ``list`` for the registry.
+"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, ``list`` for the registry, ``data prepare``.
 
 gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
 gridtnp list processor
 gridtnp list model --params
+gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-end 2019-03-21
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args and args[0] == "list":
             list_components(args[1:])
+        elif args and args[0] == "data":
+            from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand
+
+            data_main(args[1:])
         else:
             run_lightning(None if argv is None else args)
     except Exception as err:

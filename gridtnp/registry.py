@@ -125,6 +125,6 @@ def build_from_spec(kind: str, spec: dict[str, Any] | str, /, **shared: Any) -> 
 
 
 def describe(kind: str, name: str) -> str:
-    """First line of the component's docstring."""
+    """First line of the component's docstring, without reStructuredText literal markup."""
     doc = inspect.getdoc(get(kind, name)) or ""
-    return doc.splitlines()[0] if doc else ""
+    return doc.splitlines()[0].replace("``", "") if doc else ""

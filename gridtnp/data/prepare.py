@@ -1,0 +1,392 @@
+"""``gridtnp data prepare``: NetCDF / GRIB files -> one Zarr store in gridtnp's layout, with normalisation statistics.
+
+gridtnp data prepare era5_2019-03.nc --out era5.zarr --train-start 2019-03-01 --train-end 2019-03-21
+
+The store holds float32 variables ``[time, ..., latitude, longitude]`` chunked ``time_chunk x full grid`` (one read
+per sampled time step), latitudes ascending, longitudes ascending in [-180, 180), ``time`` as datetime64, CF
+attributes kept; ``attrs["gridtnp_stats"]`` has each variable's training-period mean and std and
+``attrs["gridtnp_provenance"]`` the sources and the command. It is written next to the target, then renamed into
+place, so an interrupted run never leaves a half-written store under the target's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import shlex
+import shutil
+import uuid
+import warnings
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import xarray as xr
+
+from gridtnp.data.era5 import DIMS, PROVENANCE_ATTR, STATS_ATTR, DataError, check_layout, is_url, select_time
+
+COORD_ALIASES: dict[str, tuple[str, ...]] = {
+    "time": ("time", "valid_time"),
+    "latitude": ("latitude", "lat"),
+    "longitude": ("longitude", "lon", "long"),
+}
+GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
+ZARR_FORMAT = 2  # readable by zarr-python 2 and 3 (and most other Zarr readers); v3 adds nothing needed here
+
+
+def open_source(path: str | os.PathLike[str]) -> xr.Dataset:
+    """One NetCDF (``.nc``), GRIB (``.grib``, needs cfgrib) or local Zarr (``.zarr``) input, lazily, as stored."""
+    name = str(path)
+    if is_url(name):
+        raise DataError(f"{name}: prepare reads local files; download it first (remote Zarr stores: see open_store).")
+    if not os.path.exists(name):
+        raise DataError(f"{name}: no such file.")
+    suffix = Path(name.rstrip("/")).suffix.lower()
+    kwargs: dict[str, Any] = {"chunks": {}}
+    if suffix == ".zarr":
+        kwargs["engine"] = "zarr"
+    elif suffix in GRIB_SUFFIXES:
+        if importlib.util.find_spec("cfgrib") is None:
+            raise DataError(f"{name}: reading GRIB needs cfgrib and ecCodes: pip install cfgrib eccodes")
+        kwargs.update(engine="cfgrib", decode_timedelta=False, backend_kwargs={"indexpath": ""})
+    try:
+        return xr.open_dataset(name, **kwargs)
+    except Exception as err:
+        raise DataError(
+            f"{name}: cannot be read ({type(err).__name__}: {_first_line(err)}). Expected a NetCDF-3/4 file (.nc), "
+            "a GRIB file (.grib, needs cfgrib) or a Zarr store (.zarr); the file may be truncated or corrupt."
+        ) from err
+
+
+def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
+    """Rename coordinates to ``time, latitude, longitude``; time datetime64 and sorted, latitudes ascending,
+    longitudes ascending in [-180, 180); drop auxiliary coordinates (cfgrib's ``step``, ``number``, ...)."""
+    for canonical, aliases in COORD_ALIASES.items():
+        ds = _rename_coordinate(ds, canonical, aliases, source)
+    ds = ds.reset_coords(drop=True)
+    ds = _decode_time(ds, source)
+
+    lon_attrs = dict(ds["longitude"].attrs)
+    lon = ds["longitude"].values.astype(np.float64)
+    if lon.size and (lon.min() < -180 or lon.max() >= 180):
+        ds = ds.assign_coords(longitude=("longitude", (lon + 180.0) % 360.0 - 180.0, lon_attrs))
+    lat_attrs = dict(ds["latitude"].attrs)
+    if "stored_direction" in lat_attrs:  # cfgrib's note on the GRIB order, no longer true once sorted
+        lat_attrs["stored_direction"] = "increasing"
+    ds = ds.sortby(["time", "latitude", "longitude"])
+    ds["latitude"].attrs = lat_attrs
+    for dim in DIMS:
+        values = ds[dim].values
+        if values.size > 1 and not np.all(values[1:] > values[:-1]):
+            dup = values[1:][values[1:] == values[:-1]][0]
+            hint = " (after wrapping to [-180, 180), e.g. both 0 and 360)" if dim == "longitude" else ""
+            raise DataError(f"{source}: duplicate {dim} value {dup}{hint}; expected each {dim} once.")
+    return ds
+
+
+def open_sources(paths: Sequence[str | os.PathLike[str]], variables: Sequence[str] | None = None) -> xr.Dataset:
+    """Open, normalise and combine ``paths`` (split in time and/or by variable) into one lazy dataset."""
+    if not paths:
+        raise DataError("No input files given; expected one or more NetCDF / GRIB files.")
+    datasets = []
+    try:
+        for path in paths:
+            datasets.append(normalise(open_source(path), str(path)))
+        if len(datasets) == 1:
+            ds = datasets[0]
+        else:
+            try:
+                ds = xr.combine_by_coords(datasets, combine_attrs="drop_conflicts", join="outer")
+            except Exception as err:
+                raise DataError(
+                    f"Inputs {', '.join(map(str, paths))} cannot be combined ({err}); expected files that split one "
+                    "dataset by time and/or by variable, on the same grid, without overlapping times."
+                ) from err
+    except BaseException:
+        for d in datasets:
+            d.close()
+        raise
+    names = ", ".join(map(str, paths))
+    gridded = [v for v, da in ds.data_vars.items() if set(DIMS) <= set(da.dims)]
+    if variables is None:
+        if not gridded:
+            raise DataError(f"{names}: no variable with dims {DIMS} (found {_describe_vars(ds)}).")
+        variables = gridded
+    missing = [v for v in variables if v not in ds.data_vars]
+    if missing:
+        raise DataError(
+            f"{names}: no variable {', '.join(map(repr, missing))}; available: {_describe_vars(ds)}. "
+            "Pass --variables with names from that list."
+        )
+    wrong = [v for v in variables if v not in gridded]
+    if wrong:
+        raise DataError(f"{names}: variable {wrong[0]!r} has dims {ds[wrong[0]].dims}; expected it to include {DIMS}.")
+    ds = ds[list(variables)]
+    ds.set_close(lambda: [d.close() for d in datasets])
+    return ds
+
+
+def prepare(
+    inputs: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    variables: Sequence[str] | None = None,
+    train_start: str | None = None,
+    train_end: str | None = None,
+    time_chunk: int = 24,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Write ``inputs`` as a prepared Zarr store at ``out`` (see the module docstring) and return its path."""
+    log = print if progress else _silent
+    out_path = Path(out)
+    if is_url(out):
+        raise DataError(f"--out {out}: prepare writes a local store; copy it to remote storage afterwards.")
+    if time_chunk < 1:
+        raise DataError(f"--time-chunk {time_chunk}: expected a positive number of time steps per chunk.")
+    _check_target(out_path, overwrite)
+
+    log(f"gridtnp data prepare: [1/4] opening {len(inputs)} input file(s)")
+    source = open_sources(inputs, variables)
+    try:
+        check_layout(source, ", ".join(map(str, inputs)))
+        ds = _to_float32(source)
+        steps = min(time_chunk, ds.sizes["time"])
+        ds = ds.chunk({dim: (steps if dim == "time" else -1) for dim in ds.dims})
+        encoding = {
+            v: {"chunks": tuple(steps if d == "time" else ds.sizes[d] for d in ds[v].dims), "dtype": "float32"}
+            for v in ds.data_vars
+        }
+        train = select_time(ds, train_start, train_end)
+        lazy_stats = {v: (train[v].astype(np.float64).mean(), train[v].astype(np.float64).std()) for v in ds.data_vars}
+
+        shape = " x ".join(f"{ds.sizes[d]} {d}" for d in ds.dims)
+        log(f"gridtnp data prepare: [2/4] {', '.join(ds.data_vars)} on {shape}; {_describe_coverage(ds)}")
+        log(
+            f"gridtnp data prepare: [3/4] writing {out_path} in chunks of {steps} time steps, with mean/std over "
+            f"{_iso(train.time.values[0])} to {_iso(train.time.values[-1])} ({train.sizes['time']} steps)"
+        )
+        tmp = out_path.with_name(f".{out_path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            store_kwargs = {"zarr_format": ZARR_FORMAT} if _zarr_major() >= 3 else {}
+            write = ds.to_zarr(tmp, mode="w-", encoding=encoding, consolidated=False, compute=False, **store_kwargs)
+            with _progress_bar(progress):
+                try:
+                    _, stats = dask.compute(write, lazy_stats)
+                except DataError:
+                    raise
+                except Exception as err:
+                    raise DataError(
+                        f"Reading {', '.join(map(str, inputs))} failed while writing ({type(err).__name__}: {err}); "
+                        "is an input file truncated or corrupt?"
+                    ) from err
+            stats_attr = _stats_attr(stats, train, inputs)
+            _finish_store(tmp, stats_attr, _provenance(inputs, out_path, variables, train_start, train_end, steps))
+            log(f"gridtnp data prepare: [4/4] moving the new store into place at {out_path}")
+            _replace(tmp, out_path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        source.close()
+    for v, s in stats_attr.items():
+        log(f"gridtnp data prepare: {v}: mean {s['mean']:.6g}, std {s['std']:.6g} {ds[v].attrs.get('units', '')}")
+    log(f"gridtnp data prepare: done, {_size_mb(out_path):.1f} MB at {out_path}")
+    return out_path
+
+
+def data_main(argv: Sequence[str]) -> None:
+    """``gridtnp data prepare ...``: the command line (``gridtnp data prepare --help``)."""
+    parser = argparse.ArgumentParser(prog="gridtnp data", description="Prepare data for gridtnp.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    p = sub.add_parser(
+        "prepare",
+        help="NetCDF / GRIB files -> a Zarr store in gridtnp's layout, with normalisation statistics",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="NetCDF (.nc) or GRIB (.grib, needs cfgrib) files")
+    p.add_argument("--out", required=True, metavar="STORE.zarr", help="the Zarr store to write")
+    p.add_argument("--variables", nargs="+", metavar="VAR", help="variables to keep (default: every gridded one)")
+    p.add_argument("--train-start", metavar="DATE", help="first date of the statistics period (default: first step)")
+    p.add_argument("--train-end", metavar="DATE", help="last date of the statistics period, inclusive (default: last)")
+    p.add_argument("--time-chunk", type=int, default=24, metavar="N", help="time steps per Zarr chunk (default 24)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    opts = parser.parse_args(list(argv))
+    prepare(
+        opts.inputs,
+        opts.out,
+        variables=opts.variables,
+        train_start=opts.train_start,
+        train_end=opts.train_end,
+        time_chunk=opts.time_chunk,
+        overwrite=opts.overwrite,
+        progress=not opts.quiet,
+    )
+
+
+def is_zarr_store(path: Path) -> bool:
+    """Whether ``path`` is a directory holding Zarr (v2 or v3) metadata at its root."""
+    return path.is_dir() and any((path / name).exists() for name in ("zarr.json", ".zgroup", ".zmetadata"))
+
+
+def _rename_coordinate(ds: xr.Dataset, canonical: str, aliases: tuple[str, ...], source: str) -> xr.Dataset:
+    if canonical in ds.dims:
+        return ds
+    found = [name for name in ds.dims if str(name).lower() in aliases]
+    if found:
+        if canonical in ds.variables:  # e.g. cfgrib's scalar forecast reference `time` beside a `valid_time` dim
+            ds = ds.drop_vars(canonical)
+        return ds.rename({found[0]: canonical})
+    scalar = [name for name in ds.coords if str(name).lower() in aliases and ds[name].ndim == 0]
+    if scalar:  # a single time step stored as a scalar coordinate (cfgrib, one-step NetCDF files)
+        if scalar[0] != canonical:
+            ds = ds.drop_vars([canonical] if canonical in ds.variables else []).rename({scalar[0]: canonical})
+        return ds.set_coords(canonical).expand_dims(canonical)
+    raise DataError(
+        f"{source}: no {canonical} coordinate (looked for {', '.join(aliases)}, any case); found dimensions "
+        f"{', '.join(map(str, ds.dims)) or 'none'}. Expected gridded data on time, latitude and longitude."
+    )
+
+
+def _decode_time(ds: xr.Dataset, source: str) -> xr.Dataset:
+    time = ds["time"]
+    if np.issubdtype(time.dtype, np.datetime64):
+        return ds
+    index = ds.indexes["time"]
+    if isinstance(index, xr.CFTimeIndex):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # "converting a non-standard calendar" notice
+                return ds.assign_coords(time=("time", index.to_datetimeindex(), time.attrs))
+        except Exception as err:
+            raise DataError(
+                f"{source}: time ({index.calendar} calendar) cannot be converted to datetime64: {err}"
+            ) from err
+    raise DataError(
+        f"{source}: time has dtype {time.dtype} and units {time.attrs.get('units', '(none)')!r}; expected datetime64 "
+        "or CF units such as 'hours since 1970-01-01'."
+    )
+
+
+def _to_float32(ds: xr.Dataset) -> xr.Dataset:
+    """float32 data variables with the source's NetCDF/GRIB encoding (packing, fill values, chunks) dropped."""
+    ds = ds.copy()
+    for name in ds.data_vars:
+        ds[name] = ds[name].astype(np.float32)
+    for var in ds.variables.values():
+        var.encoding = {}
+    return ds
+
+
+def _stats_attr(stats: dict[str, tuple[Any, Any]], train: xr.Dataset, inputs: Sequence[Any]) -> dict[str, Any]:
+    first, last = _iso(train.time.values[0]), _iso(train.time.values[-1])
+    out = {}
+    for v, (mean, std) in stats.items():
+        mean, std = float(mean), float(std)
+        if not (np.isfinite(mean) and np.isfinite(std)):
+            raise DataError(
+                f"{', '.join(map(str, inputs))}: variable {v!r} has no finite values between {first} and {last}; "
+                "choose a training period with data (--train-start/--train-end)."
+            )
+        out[v] = {"mean": mean, "std": std, "train_start": first, "train_end": last, "steps": int(train.sizes["time"])}
+    return out
+
+
+def _provenance(
+    inputs: Sequence[Any], out: Path, variables: Sequence[str] | None, start: str | None, end: str | None, steps: int
+) -> dict[str, Any]:
+    args = ["gridtnp", "data", "prepare", *map(str, inputs), "--out", str(out)]
+    if variables:
+        args += ["--variables", *variables]
+    for flag, value in (("--train-start", start), ("--train-end", end)):
+        if value is not None:
+            args += [flag, str(value)]
+    args += ["--time-chunk", str(steps)]
+    try:
+        version = metadata.version("gridtnp")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {
+        "sources": [str(Path(p).resolve()) for p in inputs],
+        "command": shlex.join(args),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "gridtnp_version": version,
+    }
+
+
+def _finish_store(tmp: Path, stats: dict[str, Any], provenance: dict[str, Any]) -> None:
+    """Add the gridtnp attributes and consolidate the metadata (one read for remote copies of the store)."""
+    import zarr
+
+    group = zarr.open_group(str(tmp), mode="r+")
+    group.attrs.update({STATS_ATTR: stats, PROVENANCE_ATTR: provenance})
+    zarr.consolidate_metadata(str(tmp))
+
+
+def _check_target(out: Path, overwrite: bool) -> None:
+    if not out.exists():
+        if not out.parent.is_dir():
+            raise DataError(f"--out {out}: the folder {out.parent} does not exist; create it first.")
+        return
+    if not overwrite:
+        raise DataError(
+            f"--out {out} already exists; pass --overwrite to replace it (the new store is written next to it "
+            "first, so the old one stays intact if preparation fails)."
+        )
+    if not is_zarr_store(out):
+        raise DataError(f"--out {out} exists and is not a Zarr store; refusing to replace it. Choose another path.")
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Move ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted only after the swap."""
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}") if out.exists() else None
+    if old is not None:
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _progress_bar(enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    if not enabled:
+        return contextlib.nullcontext()
+    from dask.diagnostics import ProgressBar
+
+    return ProgressBar(dt=1.0)
+
+
+def _describe_vars(ds: xr.Dataset) -> str:
+    return ", ".join(f"{v} {tuple(map(str, da.dims))}" for v, da in ds.data_vars.items()) or "(none)"
+
+
+def _describe_coverage(ds: xr.Dataset) -> str:
+    lat, lon = ds["latitude"].values, ds["longitude"].values
+    return (
+        f"time {_iso(ds.time.values[0])} to {_iso(ds.time.values[-1])}, latitude {lat[0]:g} to {lat[-1]:g}, "
+        f"longitude {lon[0]:g} to {lon[-1]:g}"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
+def _iso(t: Any) -> str:
+    return str(np.datetime_as_string(np.datetime64(t, "s")))
+
+
+def _zarr_major() -> int:
+    return int(metadata.version("zarr").split(".")[0])
+
+
+def _size_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    pass

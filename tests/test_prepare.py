@@ -1,0 +1,282 @@
+"""Data preparation: NetCDF -> Zarr (`gridtnp data prepare`), prepared-store checks, station CSVs and snapping."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+import zarr
+
+from gridtnp.cli import main
+from gridtnp.data import sample_path
+from gridtnp.data.era5 import STATS_ATTR, DataError, normalisation_stats, open_store, select
+from gridtnp.data.prepare import prepare
+from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
+from gridtnp.data.stations import read_stations, snap_to_grid
+from gridtnp.registry import ConfigError
+
+TRAIN = ("2019-03-01", "2019-03-21")
+
+
+@pytest.fixture(scope="module")
+def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped ERA5 sample prepared once for the module."""
+    out = tmp_path_factory.mktemp("store") / "uk.zarr"
+    return prepare([sample_path(ERA5_SAMPLE)], out, train_start=TRAIN[0], train_end=TRAIN[1], progress=False)
+
+
+def synthetic(lat: np.ndarray, lon: np.ndarray, steps: int = 6, names: tuple[str, str, str] = ("time", "lat", "lon")):
+    """``t2m [time, lat, lon] = 1000 lat + lon (wrapped to [-180, 180)) + hours``: values name their coordinates."""
+    time = pd.date_range("2020-01-01", periods=steps, freq="h")
+    wrapped = (lon + 180.0) % 360.0 - 180.0
+    values = 1000.0 * lat[None, :, None] + wrapped[None, None, :] + np.arange(steps)[:, None, None]
+    t, y, x = names
+    return xr.Dataset(
+        {"t2m": ((t, y, x), values.astype(np.float32), {"units": "K", "long_name": "2 metre temperature"})},
+        coords={t: time, y: (y, lat, {"units": "degrees_north"}), x: (x, lon, {"units": "degrees_east"})},
+    )
+
+
+def write_nc(ds: xr.Dataset, path: Path) -> Path:
+    ds.to_netcdf(path)
+    return path
+
+
+# --- embedded data ---------------------------------------------------------------------------------------------------
+
+
+def test_sample_files_ship_with_the_package() -> None:
+    for name in (ERA5_SAMPLE, STATIONS_SAMPLE):
+        assert sample_path(name).is_file()
+    assert (sample_path(ERA5_SAMPLE).parent / "README.md").is_file()
+    with pytest.raises(ConfigError, match="Shipped samples"):
+        sample_path("nope.nc")
+
+
+# --- prepare ---------------------------------------------------------------------------------------------------------
+
+
+def test_prepare_sample_layout_chunks_attrs_and_stats(sample_store: Path) -> None:
+    src = xr.open_dataset(sample_path(ERA5_SAMPLE)).load()
+    ds = xr.open_zarr(sample_store)
+    lat, lon = ds.latitude.values, ds.longitude.values
+    assert np.all(np.diff(lat) > 0) and lat[0] == 50.0 and lat[-1] == 58.0
+    assert lon.min() >= -180 and lon.max() < 180 and np.all(np.diff(lon) > 0)
+    assert np.issubdtype(ds.time.dtype, np.datetime64) and ds.sizes["time"] == 744
+    assert ds.t2m.dtype == np.float32
+    assert zarr.open_group(str(sample_store), mode="r")["t2m"].chunks == (24, 33, 49)
+    assert ds.t2m.attrs["units"] == "K" and ds.t2m.attrs["long_name"] == "2 metre temperature"
+    # Same values as the source, latitudes flipped.
+    np.testing.assert_array_equal(ds.t2m.values, src.t2m.values[:, ::-1, :])
+
+    train = src.t2m.sel(time=slice(*TRAIN)).values.astype(np.float64)
+    assert train.shape[0] == 21 * 24
+    stats = ds.attrs[STATS_ATTR]["t2m"]
+    np.testing.assert_allclose(stats["mean"], train.mean(), rtol=1e-12)
+    np.testing.assert_allclose(stats["std"], train.std(), rtol=1e-10)
+    assert (stats["train_start"], stats["train_end"]) == ("2019-03-01T00:00:00", "2019-03-21T23:00:00")
+    assert normalisation_stats(open_store(sample_store), "t2m") == (stats["mean"], stats["std"])
+    provenance = ds.attrs["gridtnp_provenance"]
+    assert provenance["sources"] == [str(sample_path(ERA5_SAMPLE).resolve())]
+    assert (
+        provenance["command"].startswith("gridtnp data prepare ") and "--train-end 2019-03-21" in provenance["command"]
+    )
+
+
+def test_rerun_refuses_without_overwrite_and_replaces_with_it(tmp_path: Path) -> None:
+    lat, lon = np.array([0.0, 1.0]), np.array([0.0, 1.0, 2.0])
+    out = tmp_path / "s.zarr"
+    prepare([write_nc(synthetic(lat, lon), tmp_path / "a.nc")], out, progress=False)
+    with pytest.raises(DataError, match=r"already exists; pass --overwrite"):
+        prepare([tmp_path / "a.nc"], out, progress=False)
+    prepare([write_nc(synthetic(lat + 10, lon), tmp_path / "b.nc")], out, overwrite=True, progress=False)
+    assert xr.open_zarr(out).latitude.values.tolist() == [10.0, 11.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.nc", "b.nc", "s.zarr"]  # no temporary stores left
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(DataError, match="not a Zarr store; refusing"):
+        prepare([tmp_path / "a.nc"], tmp_path / "folder", overwrite=True, progress=False)
+
+
+def test_0_360_descending_latitude_input_is_normalised(tmp_path: Path) -> None:
+    lat = np.array([10.0, 5.0, 0.0, -5.0])
+    lon = np.array([0.0, 90.0, 180.0, 270.0])
+    src = synthetic(lat, lon, names=("valid_time", "lat", "lon"))
+    out = prepare([write_nc(src, tmp_path / "g.nc")], tmp_path / "g.zarr", time_chunk=4, progress=False)
+    ds = open_store(out)
+    assert ds.latitude.values.tolist() == [-5.0, 0.0, 5.0, 10.0]
+    assert ds.longitude.values.tolist() == [-180.0, -90.0, 0.0, 90.0]
+    expected = synthetic(ds.latitude.values, ds.longitude.values).t2m.values
+    np.testing.assert_array_equal(ds.t2m.values, expected)
+    assert ds.t2m.encoding["chunks"] == (4, 4, 4)
+    assert ds.latitude.attrs["units"] == "degrees_north" and ds.longitude.attrs["units"] == "degrees_east"
+
+
+def test_files_split_in_time_combine(tmp_path: Path) -> None:
+    src = synthetic(np.array([0.0, 1.0]), np.array([350.0, 355.0]), steps=8)
+    files = [
+        write_nc(src.isel(time=slice(4, 8)), tmp_path / "b.nc"),
+        write_nc(src.isel(time=slice(0, 4)), tmp_path / "a.nc"),
+    ]
+    ds = xr.open_zarr(prepare(files, tmp_path / "ab.zarr", train_end="2020-01-01T03", progress=False))
+    assert ds.sizes["time"] == 8 and ds.longitude.values.tolist() == [-10.0, -5.0]
+    first_half = src.t2m.isel(time=slice(0, 4)).values.astype(np.float64)
+    np.testing.assert_allclose(ds.attrs[STATS_ATTR]["t2m"]["mean"], first_half.mean())
+
+
+def test_bad_inputs_name_the_file_and_what_was_expected(tmp_path: Path) -> None:
+    good = write_nc(synthetic(np.array([0.0, 1.0]), np.array([0.0, 1.0])), tmp_path / "good.nc")
+    with pytest.raises(DataError, match=r"good\.nc: no variable 'u10'; available: t2m"):
+        prepare([good], tmp_path / "x.zarr", variables=["u10"], progress=False)
+
+    text = tmp_path / "notes.nc"
+    text.write_text("not a netcdf file\n")
+    with pytest.raises(DataError, match=r"notes\.nc: cannot be read .*Expected a NetCDF"):
+        prepare([text], tmp_path / "x.zarr", progress=False)
+
+    truncated = tmp_path / "truncated.nc"
+    truncated.write_bytes(sample_path(ERA5_SAMPLE).read_bytes()[:200_000])
+    with pytest.raises(DataError, match=r"truncated\.nc: cannot be read .*truncated or corrupt"):
+        prepare([truncated], tmp_path / "x.zarr", progress=False)
+
+    with pytest.raises(DataError, match=r"missing\.nc: no such file"):
+        prepare([tmp_path / "missing.nc"], tmp_path / "x.zarr", progress=False)
+
+    no_lat = write_nc(
+        synthetic(np.array([0.0, 1.0]), np.array([0.0, 1.0]), names=("time", "y", "x")), tmp_path / "xy.nc"
+    )
+    with pytest.raises(DataError, match=r"xy\.nc: no latitude coordinate \(looked for latitude, lat"):
+        prepare([no_lat], tmp_path / "x.zarr", progress=False)
+
+    with pytest.raises(DataError, match=r"Dates from 2019-01-01 reach outside the store, which covers time 2020"):
+        prepare([good], tmp_path / "x.zarr", train_start="2019-01-01", progress=False)
+    assert not (tmp_path / "x.zarr").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cfgrib") is not None, reason="cfgrib is installed")
+def test_grib_without_cfgrib_says_what_to_install(tmp_path: Path) -> None:
+    grib = tmp_path / "era5.grib"
+    grib.write_bytes(b"GRIB")
+    with pytest.raises(DataError, match="pip install cfgrib eccodes"):
+        prepare([grib], tmp_path / "x.zarr", progress=False)
+
+
+def test_cli_data_prepare_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_nc(synthetic(np.array([0.0, 1.0, 2.0]), np.array([0.0, 1.0])), tmp_path / "in.nc")
+    out = tmp_path / "out.zarr"
+    main(["data", "prepare", str(src), "--out", str(out), "--time-chunk", "2", "--variables", "t2m"])
+    assert "[4/4]" in capsys.readouterr().out
+    ds = open_store(out, variables=["t2m"])
+    assert ds.t2m.encoding["chunks"] == (2, 3, 2)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "prepare", str(src), "--out", str(out), "--quiet"])
+    assert exit_info.value.code == 2
+    assert "gridtnp: error: --out" in capsys.readouterr().err
+    main(["data", "prepare", str(src), "--out", str(out), "--quiet", "--overwrite"])
+    assert capsys.readouterr().out == ""
+
+
+# --- open_store and select -------------------------------------------------------------------------------------------
+
+
+def test_open_store_rejects_unprepared_stores(tmp_path: Path) -> None:
+    descending = synthetic(np.array([5.0, 0.0]), np.array([0.0, 1.0]), names=("time", "latitude", "longitude"))
+    descending.to_zarr(tmp_path / "desc.zarr", zarr_format=2)
+    with pytest.raises(DataError, match=r"latitudes are descending.*gridtnp data prepare"):
+        open_store(tmp_path / "desc.zarr")
+    east = synthetic(np.array([0.0, 5.0]), np.array([0.0, 270.0]), names=("time", "latitude", "longitude"))
+    east.to_zarr(tmp_path / "east.zarr", zarr_format=2)
+    with pytest.raises(DataError, match=r"longitudes span 0.0 to 270.0; expected \[-180, 180\).*gridtnp data prepare"):
+        open_store(tmp_path / "east.zarr")
+    with pytest.raises(DataError, match=r"No Zarr store at .*gridtnp data prepare"):
+        open_store(tmp_path / "missing.zarr")
+
+
+def test_open_store_variables(sample_store: Path) -> None:
+    ds = open_store(sample_store, variables=["t2m"])
+    assert ds.t2m.chunks[0][0] == 24  # lazily opened with the store's chunks
+    with pytest.raises(DataError, match=r"no variable\(s\) 'u10'; available: t2m"):
+        open_store(sample_store, variables=["u10"])
+
+
+def test_select_subsets_and_names_the_coverage(sample_store: Path) -> None:
+    ds = open_store(sample_store)
+    sub = select(ds, "2019-03-02", "2019-03-03", region=(51.0, 52.0, -5.0, -4.0))
+    assert dict(sub.sizes) == {"time": 48, "latitude": 5, "longitude": 5}
+    assert select(ds, end="2019-03-31").sizes["time"] == 744
+    coverage = r"time 2019-03-01T00:00:00 to 2019-03-31T23:00:00 \(744 steps\), latitude 50 to 58, longitude -10 to 2"
+    with pytest.raises(DataError, match=coverage):
+        select(ds, "2019-03-30", "2019-04-02")
+    with pytest.raises(DataError, match=coverage):
+        select(ds, "2019-02-27")
+    with pytest.raises(DataError, match="reaches outside the store, which covers " + coverage):
+        select(ds, region=(45.0, 52.0, -5.0, 0.0))
+    with pytest.raises(DataError, match="start 2019-03-05 is after end 2019-03-04"):
+        select(ds, "2019-03-05", "2019-03-04")
+    with pytest.raises(DataError, match="contains no grid point"):
+        select(ds, region=(51.1, 51.2, -5.0, -4.0))
+
+
+# --- stations --------------------------------------------------------------------------------------------------------
+
+
+def test_shipped_stations_and_the_era5_box(sample_store: Path) -> None:
+    ds = open_store(sample_store)
+    assert len(read_stations(sample_path(STATIONS_SAMPLE))) == 9957
+    stations = read_stations(sample_path(STATIONS_SAMPLE), ds.latitude.values, ds.longitude.values)
+    assert len(stations) == 9957 and int(stations.inside.sum()) == 250  # as the data README says
+    inside = stations[stations.inside]
+    np.testing.assert_array_equal(ds.latitude.values[inside.lat_index], inside.latitude)
+    np.testing.assert_array_equal(ds.longitude.values[inside.lon_index], inside.longitude)
+    cells = set(zip(inside.lat_index, inside.lon_index, strict=True))
+    assert int(inside.duplicate.sum()) == 250 - len(cells) > 0
+    assert not stations[~stations.inside].duplicate.any()
+
+
+def test_malformed_station_rows_are_named(tmp_path: Path) -> None:
+    csv = tmp_path / "st.csv"
+    csv.write_text("station_id,Lat,LON,t\na,50.0,-3.0,1\nb,abc,-3.0,2\n\nc,95.0,0.0,3\nd,51.0,400,4\n")
+    with pytest.raises(DataError, match=r"st\.csv: 3 malformed row\(s\): line 3 \(latitude='abc'.*line 5 .*line 6 "):
+        read_stations(csv)
+    csv.write_text("id,x\n1,2\n")
+    with pytest.raises(DataError, match=r"expected columns latitude and longitude .*found id, x"):
+        read_stations(csv)
+
+
+def test_station_aliases_0_360_and_values(tmp_path: Path) -> None:
+    csv = tmp_path / "st.csv"
+    csv.write_text("Station_ID,LAT,Lon,t2m\n007,50.0,350.0,281.5\n008,-10.0,180.0,300.0\n")
+    st = read_stations(csv)
+    assert st.station_id.tolist() == ["007", "008"]
+    assert st.longitude.tolist() == [-10.0, -180.0] and st.t2m.tolist() == [281.5, 300.0]
+
+
+@pytest.mark.parametrize(
+    ("lat_axis", "lon_axis"),
+    [
+        (np.arange(49.0, 61.0, 0.5), np.arange(-12.0, 4.0, 0.5)),  # regional box
+        (np.arange(61.0, 49.0, -0.5), np.arange(4.0, -12.0, -0.5)),  # descending axes
+        (np.arange(-90.0, 90.1, 2.5), np.arange(-180.0, 180.0, 2.5)),  # global, longitude wraps
+        (np.arange(-90.0, 90.1, 2.5), np.arange(0.0, 360.0, 2.5)),  # global 0-360 axis
+    ],
+)
+def test_snap_to_grid_matches_brute_force_nearest(lat_axis: np.ndarray, lon_axis: np.ndarray) -> None:
+    rng = np.random.default_rng(0)
+    stations = pd.DataFrame({"latitude": rng.uniform(-90, 90, 2000), "longitude": rng.uniform(-180, 180, 2000)})
+    stations.loc[:300, "latitude"] = rng.uniform(45, 65, 301)
+    stations.loc[:300, "longitude"] = rng.uniform(-15, 8, 301)
+    lat_i, lon_i, inside = snap_to_grid(stations, lat_axis, lon_axis)
+    # Reference: nearest axis value by exhaustive search, longitudes compared on the circle.
+    lat_ref = np.abs(stations.latitude.values[:, None] - lat_axis[None]).argmin(1)
+    dlon = (stations.longitude.values[:, None] - lon_axis[None] + 180.0) % 360.0 - 180.0
+    lon_ref = np.abs(dlon).argmin(1)
+    half = abs(lat_axis[1] - lat_axis[0]) / 2
+    lat_in = np.abs(stations.latitude.values - lat_axis[lat_ref]) <= half
+    lon_in = np.abs(dlon[np.arange(len(stations)), lon_ref]) <= half
+    assert inside.any() and (not inside.all() or np.isclose(len(lon_axis) * 2 * half, 360.0))
+    np.testing.assert_array_equal(inside, lat_in & lon_in)
+    np.testing.assert_array_equal(lat_i[inside], lat_ref[inside])
+    np.testing.assert_array_equal(lon_i[inside], lon_ref[inside])
