@@ -16,8 +16,19 @@ from gridtnp.nn.likelihoods import log_likelihood
 Spec = dict[str, Any]
 
 
+class RootMeanMetric(MeanMetric):
+    """Square root of a (weighted) mean, e.g. an RMSE from squared errors; synchronised across ranks like the mean."""
+
+    def compute(self) -> Tensor:
+        return super().compute().sqrt()
+
+
 class NeuralProcessModule(L.LightningModule):
     """Trains a neural process by maximising the mean log-likelihood per target point.
+
+    Evaluation logs ``loglik`` and ``rmse`` (normalised units); with ``extras["target_scale"]`` ``[B]`` also
+    ``rmse_physical`` (errors times the scale), and with ``extras["coarse_sq_err"]`` (a baseline's per-task mean
+    squared normalised error, weighted by ``extras["num_targets"]``) ``baseline_rmse_physical``.
 
     The model arguments are the five slots of ``gridtnp.models.build_model`` (each a mapping with a
     registered ``name``), the shared sizes, or a ``preset`` name whose slots they override.
@@ -79,7 +90,13 @@ class NeuralProcessModule(L.LightningModule):
         self.metrics = torch.nn.ModuleDict(
             {
                 stage: torch.nn.ModuleDict(
-                    {"loglik": MeanMetric(), "rmse": MeanSquaredError(squared=False), "oracle_loglik": MeanMetric()}
+                    {
+                        "loglik": MeanMetric(),
+                        "rmse": MeanSquaredError(squared=False),
+                        "oracle_loglik": MeanMetric(),
+                        "rmse_physical": RootMeanMetric(),
+                        "baseline_rmse_physical": RootMeanMetric(),
+                    }
                 )
                 for stage in ("val", "test")
             }
@@ -118,6 +135,17 @@ class NeuralProcessModule(L.LightningModule):
         if "oracle_loglik" in batch.extras:
             metrics["oracle_loglik"].update(batch.extras["oracle_loglik"])
             logs[f"{stage}/oracle_loglik"] = metrics["oracle_loglik"]
+        if "target_scale" in batch.extras:
+            # Physical units: normalised errors times the task's scale, pooled over target points like `rmse`.
+            scale = batch.extras["target_scale"].float()
+            err = dist.mean[valid].float() - batch.target.y[valid].float()  # [P, Dy]
+            point_scale = scale.view(-1, 1).expand(valid.shape)[valid]  # [P]
+            metrics["rmse_physical"].update(err.square() * point_scale.square().unsqueeze(-1))
+            logs[f"{stage}/rmse_physical"] = metrics["rmse_physical"]
+            if "coarse_sq_err" in batch.extras:
+                weight = batch.extras.get("num_targets", torch.ones_like(scale)).float()
+                metrics["baseline_rmse_physical"].update(batch.extras["coarse_sq_err"].float() * scale.square(), weight)
+                logs[f"{stage}/baseline_rmse_physical"] = metrics["baseline_rmse_physical"]
         self.log_dict(logs, prog_bar=stage == "val", batch_size=batch.batch_size)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:

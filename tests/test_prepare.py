@@ -125,6 +125,12 @@ def test_files_split_in_time_combine(tmp_path: Path) -> None:
     assert ds.sizes["time"] == 8 and ds.longitude.values.tolist() == [-10.0, -5.0]
     first_half = src.t2m.isel(time=slice(0, 4)).values.astype(np.float64)
     np.testing.assert_allclose(ds.attrs[STATS_ATTR]["t2m"]["mean"], first_half.mean())
+    overlapping = write_nc(src.isel(time=slice(0, 6)), tmp_path / "a6.nc")
+    with pytest.raises(DataError, match=r"b\.nc starts at 2020-01-01T04:00:00, before .*a6\.nc ends at 2020-01-01T05"):
+        prepare([overlapping, files[0]], tmp_path / "x.zarr", progress=False)
+    shifted = write_nc(src.isel(time=slice(4, 8)).assign_coords(lat=[0.5, 1.5]), tmp_path / "c.nc")
+    with pytest.raises(DataError, match=r"c\.nc: its latitude axis \(2 values, 0.5 to 1.5\) differs from .*a\.nc's"):
+        prepare([files[1], shifted], tmp_path / "x.zarr", progress=False)
 
 
 def test_bad_inputs_name_the_file_and_what_was_expected(tmp_path: Path) -> None:
@@ -195,6 +201,12 @@ def test_open_store_rejects_unprepared_stores(tmp_path: Path) -> None:
         open_store(tmp_path / "missing.zarr")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("gcsfs") is not None, reason="gcsfs is installed")
+def test_open_store_remote_without_gcsfs_says_what_to_install() -> None:
+    with pytest.raises(DataError, match="needs gcsfs: pip install gcsfs"):
+        open_store("gs://gcp-public-data-arco-era5/ar/full_37-1h-0p25deg-chunk-1.zarr-v3")
+
+
 def test_open_store_variables(sample_store: Path) -> None:
     ds = open_store(sample_store, variables=["t2m"])
     assert ds.t2m.chunks[0][0] == 24  # lazily opened with the store's chunks
@@ -212,6 +224,8 @@ def test_select_subsets_and_names_the_coverage(sample_store: Path) -> None:
         select(ds, "2019-03-30", "2019-04-02")
     with pytest.raises(DataError, match=coverage):
         select(ds, "2019-02-27")
+    with pytest.raises(DataError, match="Dates from 2019-04-01 reach outside the store, which covers " + coverage):
+        select(ds, "2019-04-01")
     with pytest.raises(DataError, match="reaches outside the store, which covers " + coverage):
         select(ds, region=(45.0, 52.0, -5.0, 0.0))
     with pytest.raises(DataError, match="start 2019-03-05 is after end 2019-03-04"):

@@ -1,9 +1,28 @@
 """Batches, synthetic task generators and LightningDataModules; importing this registers every task."""
 
+from typing import Any
+
 from gridtnp.data import gp, sawtooth  # noqa: F401  (importing registers the tasks)
 from gridtnp.data.batch import DEFAULT_SOURCE, Batch, Observations
 from gridtnp.data.datamodules import SyntheticDataModule
 from gridtnp.data.sample import sample_path
 from gridtnp.data.tasks import Task
 
-__all__ = ["DEFAULT_SOURCE", "Batch", "Observations", "SyntheticDataModule", "Task", "sample_path"]
+__all__ = [
+    "DEFAULT_SOURCE",
+    "Batch",
+    "Observations",
+    "StationReanalysisDataModule",
+    "SyntheticDataModule",
+    "Task",
+    "sample_path",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The ERA5 station DataModule needs xarray, pandas and dask: imported on first use, not with gridtnp.
+    if name == "StationReanalysisDataModule":
+        from gridtnp.data.era5 import StationReanalysisDataModule
+
+        return StationReanalysisDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import os
 import shlex
 import shutil
@@ -29,7 +30,7 @@ import dask
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.era5 import DIMS, PROVENANCE_ATTR, STATS_ATTR, DataError, check_layout, is_url, select_time
+from gridtnp.data.era5 import DIMS, PROVENANCE_ATTR, STATS_ATTR, DataError, is_url, select_time
 
 COORD_ALIASES: dict[str, tuple[str, ...]] = {
     "time": ("time", "valid_time"),
@@ -48,7 +49,7 @@ def open_source(path: str | os.PathLike[str]) -> xr.Dataset:
     if not os.path.exists(name):
         raise DataError(f"{name}: no such file.")
     suffix = Path(name.rstrip("/")).suffix.lower()
-    kwargs: dict[str, Any] = {"chunks": {}}
+    kwargs: dict[str, Any] = {}  # no dask yet: lazy backend arrays, chunked after normalising (open_sources)
     if suffix == ".zarr":
         kwargs["engine"] = "zarr"
     elif suffix in GRIB_SUFFIXES:
@@ -90,34 +91,76 @@ def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
     return ds
 
 
-def open_sources(paths: Sequence[str | os.PathLike[str]], variables: Sequence[str] | None = None) -> xr.Dataset:
-    """Open, normalise and combine ``paths`` (split in time and/or by variable) into one lazy dataset."""
+def open_sources(
+    paths: Sequence[str | os.PathLike[str]], variables: Sequence[str] | None = None, time_chunk: int = 24
+) -> xr.Dataset:
+    """Open, normalise and combine ``paths`` (one dataset split by time and/or by variable) into one lazy dataset,
+    dask-chunked ``time_chunk`` steps x full grid so each task reads only its slice of a source file."""
     if not paths:
         raise DataError("No input files given; expected one or more NetCDF / GRIB files.")
-    datasets = []
-    try:
-        for path in paths:
-            datasets.append(normalise(open_source(path), str(path)))
-        if len(datasets) == 1:
-            ds = datasets[0]
-        else:
-            try:
-                ds = xr.combine_by_coords(datasets, combine_attrs="drop_conflicts", join="outer")
-            except Exception as err:
-                raise DataError(
-                    f"Inputs {', '.join(map(str, paths))} cannot be combined ({err}); expected files that split one "
-                    "dataset by time and/or by variable, on the same grid, without overlapping times."
-                ) from err
-    except BaseException:
-        for d in datasets:
-            d.close()
-        raise
     names = ", ".join(map(str, paths))
-    gridded = [v for v, da in ds.data_vars.items() if set(DIMS) <= set(da.dims)]
+    opened: list[xr.Dataset] = []
+    try:
+        parts = []
+        for path in paths:
+            opened.append(open_source(path))
+            part = normalise(opened[-1], str(path))
+            parts.append(part.chunk({dim: (time_chunk if dim == "time" else -1) for dim in part.dims}))
+        ds = parts[0] if len(parts) == 1 else _combine(parts, paths)
+        ds = ds[_pick_variables(ds, variables, names)]
+    except BaseException:
+        _close_all(opened)
+        raise
+    ds.set_close(lambda: _close_all(opened))
+    return ds
+
+
+def _combine(parts: list[xr.Dataset], paths: Sequence[Any]) -> xr.Dataset:
+    """Concatenate in time the parts holding the same variables, then merge the variable groups; same grid, no
+    overlapping times (checked here: ``combine_by_coords`` would silently intersect mismatched grids)."""
+    for part, path in zip(parts[1:], paths[1:], strict=True):
+        for dim in ("latitude", "longitude"):
+            if not np.array_equal(part[dim].values, parts[0][dim].values):
+                raise DataError(
+                    f"{path}: its {dim} axis ({_axis_summary(part[dim].values)}) differs from {paths[0]}'s "
+                    f"({_axis_summary(parts[0][dim].values)}); expected every input on the same grid."
+                )
+    groups: dict[tuple[str, ...], list[tuple[xr.Dataset, Any]]] = {}
+    for part, path in zip(parts, paths, strict=True):
+        groups.setdefault(tuple(sorted(map(str, part.data_vars))), []).append((part, path))
+    merged = []
+    for members in groups.values():
+        members.sort(key=lambda member: member[0]["time"].values[0])
+        for (prev, prev_path), (part, path) in itertools.pairwise(members):
+            if part["time"].values[0] <= prev["time"].values[-1]:
+                raise DataError(
+                    f"{path} starts at {_iso(part.time.values[0])}, before {prev_path} ends at "
+                    f"{_iso(prev.time.values[-1])}; expected inputs that split the data in time, no step repeated."
+                )
+        datasets = [m[0] for m in members]
+        merged.append(
+            datasets[0] if len(datasets) == 1 else xr.concat(datasets, "time", combine_attrs="drop_conflicts")
+        )
+    try:
+        return xr.merge(merged, join="exact", combine_attrs="drop_conflicts")
+    except ValueError as err:
+        raise DataError(
+            f"Inputs {', '.join(map(str, paths))} cannot be merged ({_first_line(err)}); files holding different "
+            "variables must cover the same times."
+        ) from err
+
+
+def _axis_summary(values: np.ndarray) -> str:
+    return f"{len(values)} values, {values[0]:g} to {values[-1]:g}" if len(values) else "empty"
+
+
+def _pick_variables(ds: xr.Dataset, variables: Sequence[str] | None, names: str) -> list[str]:
+    """The requested variables (default: every variable on time, latitude and longitude), checked."""
+    gridded = [str(v) for v, da in ds.data_vars.items() if set(DIMS) <= set(da.dims)]
     if variables is None:
         if not gridded:
             raise DataError(f"{names}: no variable with dims {DIMS} (found {_describe_vars(ds)}).")
-        variables = gridded
+        return gridded
     missing = [v for v in variables if v not in ds.data_vars]
     if missing:
         raise DataError(
@@ -127,9 +170,12 @@ def open_sources(paths: Sequence[str | os.PathLike[str]], variables: Sequence[st
     wrong = [v for v in variables if v not in gridded]
     if wrong:
         raise DataError(f"{names}: variable {wrong[0]!r} has dims {ds[wrong[0]].dims}; expected it to include {DIMS}.")
-    ds = ds[list(variables)]
-    ds.set_close(lambda: [d.close() for d in datasets])
-    return ds
+    return list(variables)
+
+
+def _close_all(datasets: Sequence[xr.Dataset]) -> None:
+    for ds in datasets:
+        ds.close()
 
 
 def prepare(
@@ -151,13 +197,14 @@ def prepare(
         raise DataError(f"--time-chunk {time_chunk}: expected a positive number of time steps per chunk.")
     _check_target(out_path, overwrite)
 
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
     log(f"gridtnp data prepare: [1/4] opening {len(inputs)} input file(s)")
-    source = open_sources(inputs, variables)
+    source = open_sources(inputs, variables, time_chunk)
     try:
-        check_layout(source, ", ".join(map(str, inputs)))
         ds = _to_float32(source)
         steps = min(time_chunk, ds.sizes["time"])
-        ds = ds.chunk({dim: (steps if dim == "time" else -1) for dim in ds.dims})
+        ds = ds.chunk({dim: (steps if dim == "time" else -1) for dim in ds.dims})  # realigns chunks across files
         encoding = {
             v: {"chunks": tuple(steps if d == "time" else ds.sizes[d] for d in ds[v].dims), "dtype": "float32"}
             for v in ds.data_vars
@@ -177,9 +224,7 @@ def prepare(
             write = ds.to_zarr(tmp, mode="w-", encoding=encoding, consolidated=False, compute=False, **store_kwargs)
             with _progress_bar(progress):
                 try:
-                    _, stats = dask.compute(write, lazy_stats)
-                except DataError:
-                    raise
+                    _, stats = dask.compute(write, lazy_stats)  # one pass over the inputs for both
                 except Exception as err:
                     raise DataError(
                         f"Reading {', '.join(map(str, inputs))} failed while writing ({type(err).__name__}: {err}); "
@@ -206,7 +251,9 @@ def data_main(argv: Sequence[str]) -> None:
     p = sub.add_parser(
         "prepare",
         help="NetCDF / GRIB files -> a Zarr store in gridtnp's layout, with normalisation statistics",
-        description=(__doc__ or "").split("\n\n")[0],
+        description="Convert NetCDF / GRIB files into one Zarr store in gridtnp's layout (latitudes ascending, "
+        "longitudes in [-180, 180), float32, chunked for random access in time), with each variable's mean and std "
+        "over the training period in the store's attributes.",
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="NetCDF (.nc) or GRIB (.grib, needs cfgrib) files")
     p.add_argument("--out", required=True, metavar="STORE.zarr", help="the Zarr store to write")
