@@ -9,6 +9,7 @@ gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-en
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -18,6 +19,29 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from gridtnp.registry import KINDS, ConfigError, available, describe
+
+
+class Checkpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` always holds the latest weights.
+
+    With a monitored metric, Lightning rewrites ``last.ckpt`` only when a new best is saved, so after a
+    validation loss that got worse "last" would silently be an older model. Here it is rewritten after every
+    validation and at the end of training (``trainer.save_checkpoint`` is collective; rank 0 writes).
+    """
+
+    def _write_last(self, trainer: L.Trainer) -> None:
+        if self.save_last and self.dirpath and not trainer.sanity_checking:
+            path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+            self.last_model_path = path  # so Lightning's own "last" save overwrites it instead of adding last-v1
+            trainer.save_checkpoint(path)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        self._write_last(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._write_last(trainer)
 
 
 class GridTNPCLI(LightningCLI):
@@ -40,7 +64,7 @@ class GridTNPCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.set_defaults(
             {"checkpoint.monitor": "val/loglik", "checkpoint.mode": "max", "checkpoint.save_last": True}
         )

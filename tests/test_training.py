@@ -148,3 +148,32 @@ def test_every_synthetic_recipe_builds_and_runs_a_batch(recipe):
     loss = -log_likelihood(module(batch), batch.target.y, batch.target.valid()).mean()
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_last_checkpoint_holds_the_final_weights(tmp_path):
+    """With a monitored best checkpoint, last.ckpt must still be the newest model, not the best one."""
+    from gridtnp.cli import Checkpoint
+
+    L.seed_everything(0)
+    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=4, train_batches=2, val_batches=1)
+    # With this seed and learning rate the validation log-likelihood falls at every epoch, so the first model
+    # stays "best" and Lightning's own ModelCheckpoint would leave last.ckpt at step 2.
+    module = NeuralProcessModule(preset="cnp", dim=16, lr=1e-2)
+    ckpt = Checkpoint(dirpath=tmp_path, monitor="val/loglik", mode="max", save_last=True)
+    trainer = L.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[ckpt],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, data)
+    assert ckpt.best_model_path.endswith("step=2.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    last = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 6
+    final = {k: v for k, v in module.state_dict().items()}
+    for key, value in last["state_dict"].items():
+        torch.testing.assert_close(value, final[key])

@@ -288,7 +288,10 @@ class ChunkCache:
                 steps = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in chunks])
                 lazy.append(ds[variable].data[steps])
                 spans.append((variable, chunks, bounds))
-            for data, (variable, chunks, bounds) in zip(dask.compute(*lazy), spans, strict=True):
+            # Synchronous: dask's thread pool does not survive a fork into DataLoader workers (reads would hang);
+            # the workers are the parallelism.
+            computed = dask.compute(*lazy, scheduler="synchronous")
+            for data, (variable, chunks, bounds) in zip(computed, spans, strict=True):
                 start = 0
                 for c in chunks:
                     stop = start + int(bounds[c + 1] - bounds[c])
