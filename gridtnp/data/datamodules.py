@@ -97,8 +97,70 @@ class _EpochLoader(DataLoader):
         return super().__iter__()
 
 
+def check_counts(where: str, counts: list[tuple[str, object, int]]) -> None:
+    """Raise a ConfigError unless every ``(name, value, smallest)`` is an integer >= smallest."""
+    for key, value, smallest in counts:
+        if not isinstance(value, int) or isinstance(value, bool) or value < smallest:
+            raise ConfigError(f"{where}: {key} must be an integer >= {smallest}; got {value!r}.")
+
+
+class TaskDataModule(L.LightningDataModule):
+    """Loaders shared by every task DataModule: an endless training stream per rank and fixed val/test sets.
+
+    Subclasses say which task generator serves each split by overriding ``split_task``.
+    """
+
+    def __init__(
+        self, batch_size: int, train_batches: int, val_batches: int, test_batches: int, seed: int, num_workers: int
+    ) -> None:
+        super().__init__()
+        check_counts(
+            type(self).__name__,
+            [
+                ("batch_size", batch_size, 1),
+                ("train_batches", train_batches, 1),
+                ("val_batches", val_batches, 0),
+                ("test_batches", test_batches, 0),
+                ("num_workers", num_workers, 0),
+            ],
+        )
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.train_batches, self.val_batches, self.test_batches = train_batches, val_batches, test_batches
+
+    def split_task(self, split: str) -> Task:
+        """The task generator of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
+        raise NotImplementedError
+
+    def _rank(self) -> int:
+        return int(getattr(self.trainer, "global_rank", 0) or 0)
+
+    def _epoch(self) -> int | None:
+        return None if self.trainer is None else int(self.trainer.current_epoch)
+
+    def train_dataset(self) -> TrainTaskStream:
+        """The training stream of this process's global rank."""
+        return TrainTaskStream(self.split_task("train"), self.batch_size, self.train_batches, self.seed, self._rank())
+
+    def eval_dataset(self, split: str) -> FixedTaskSet:
+        """The fixed ``"val"`` or ``"test"`` set (the same on every rank)."""
+        num = self.val_batches if split == "val" else self.test_batches
+        return FixedTaskSet(self.split_task(split), self.batch_size, num, self.seed, split)
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        return {"batch_size": None, "num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
+
+    def train_dataloader(self) -> DataLoader:
+        return _EpochLoader(self.train_dataset(), self._epoch, persistent_workers=False, **self._loader_kwargs())
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.eval_dataset("val"), shuffle=False, **self._loader_kwargs())
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.eval_dataset("test"), shuffle=False, **self._loader_kwargs())
+
+
 @register("datamodule", "synthetic")
-class SyntheticDataModule(L.LightningDataModule):
+class SyntheticDataModule(TaskDataModule):
     """Synthetic meta-learning tasks drawn on the fly from a registered task generator.
 
     Args:
@@ -121,16 +183,7 @@ class SyntheticDataModule(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
-        for key, value, smallest in (
-            ("batch_size", batch_size, 1),
-            ("train_batches", train_batches, 1),
-            ("val_batches", val_batches, 0),
-            ("test_batches", test_batches, 0),
-            ("num_workers", num_workers, 0),
-        ):
-            if not isinstance(value, int) or value < smallest:
-                raise ConfigError(f"SyntheticDataModule: {key} must be an integer >= {smallest}; got {value!r}.")
+        super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
         self.save_hyperparameters()
         self.task: Task = build_from_spec("task", task)
         if not isinstance(self.task, Task):
@@ -138,8 +191,6 @@ class SyntheticDataModule(L.LightningDataModule):
                 f"SyntheticDataModule: task {task!r} built a {type(self.task).__name__}, which lacks the task "
                 "interface (dim_x, dim_y, target_dim_y, sample(batch_size, generator))."
             )
-        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
-        self.train_batches, self.val_batches, self.test_batches = train_batches, val_batches, test_batches
 
     @property
     def dim_x(self) -> int:
@@ -156,26 +207,6 @@ class SyntheticDataModule(L.LightningDataModule):
         """Output dimension of the targets."""
         return self.task.target_dim_y
 
-    def _rank(self) -> int:
-        return int(getattr(self.trainer, "global_rank", 0) or 0)
-
-    def _epoch(self) -> int | None:
-        return None if self.trainer is None else int(self.trainer.current_epoch)
-
-    def train_dataset(self) -> TrainTaskStream:
-        """The training stream for this process's global rank."""
-        return TrainTaskStream(self.task, self.batch_size, self.train_batches, self.seed, self._rank())
-
-    def _loader_kwargs(self) -> dict[str, Any]:
-        return {"batch_size": None, "num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
-
-    def train_dataloader(self) -> DataLoader:
-        return _EpochLoader(self.train_dataset(), self._epoch, persistent_workers=False, **self._loader_kwargs())
-
-    def val_dataloader(self) -> DataLoader:
-        dataset = FixedTaskSet(self.task, self.batch_size, self.val_batches, self.seed, "val")
-        return DataLoader(dataset, shuffle=False, **self._loader_kwargs())
-
-    def test_dataloader(self) -> DataLoader:
-        dataset = FixedTaskSet(self.task, self.batch_size, self.test_batches, self.seed, "test")
-        return DataLoader(dataset, shuffle=False, **self._loader_kwargs())
+    def split_task(self, split: str) -> Task:
+        """Every split draws from the same generator (with its own seeds)."""
+        return self.task

@@ -13,15 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import torch
 import xarray as xr
-from torch.utils.data import DataLoader
 
 from gridtnp.data.batch import Batch, Observations
-from gridtnp.data.datamodules import FixedTaskSet, TrainTaskStream, _EpochLoader
+from gridtnp.data.datamodules import TaskDataModule, check_counts
 from gridtnp.registry import ConfigError, register
 
 STATS_ATTR = "gridtnp_stats"
@@ -462,7 +460,7 @@ def default_cache_dir() -> Path:
 
 
 @register("datamodule", "era5_stations")
-class StationReanalysisDataModule(L.LightningDataModule):
+class StationReanalysisDataModule(TaskDataModule):
     """Station + reanalysis tasks (gridded TNP paper's t2m experiment): coarse ERA5 on the grid plus some stations
     as context, the other stations as targets.
 
@@ -526,20 +524,12 @@ class StationReanalysisDataModule(L.LightningDataModule):
         storage_options: dict[str, Any] | None = None,
         unique_grid_points: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
         where = "StationReanalysisDataModule"
-        for key, value, smallest in (
-            ("coarsen", coarsen, 1),
-            ("time_offset_hours", time_offset_hours, 0),
-            ("batch_size", batch_size, 1),
-            ("train_batches", train_batches, 1),
-            ("val_batches", val_batches, 0),
-            ("test_batches", test_batches, 0),
-            ("num_workers", num_workers, 0),
-            ("cache_chunks", cache_chunks, 1),
-        ):
-            if not isinstance(value, int) or value < smallest:
-                raise ConfigError(f"{where}: {key} must be an integer >= {smallest}; got {value!r}.")
+        check_counts(
+            where,
+            [("coarsen", coarsen, 1), ("time_offset_hours", time_offset_hours, 0), ("cache_chunks", cache_chunks, 1)],
+        )
         low, high = (float(v) for v in context_fraction) if len(context_fraction) == 2 else (-1.0, -1.0)
         if not 0.0 <= low <= high <= 1.0:
             raise ConfigError(
@@ -555,8 +545,7 @@ class StationReanalysisDataModule(L.LightningDataModule):
         self.coarsen, self.context_fraction, self.target = coarsen, (low, high), target
         self.dates = {"train": tuple(train_dates), "val": tuple(val_dates), "test": tuple(test_dates)}
         self.time_offset_hours = time_offset_hours
-        self.batch_size, self.seed, self.num_workers, self.cache_chunks = batch_size, seed, num_workers, cache_chunks
-        self.train_batches, self.val_batches, self.test_batches = train_batches, val_batches, test_batches
+        self.cache_chunks = cache_chunks
         self.storage_options, self.unique_grid_points = storage_options, unique_grid_points
         self.task: StationReanalysisTask | None = None
         self.splits: dict[str, _Split] = {}
@@ -666,37 +655,11 @@ class StationReanalysisDataModule(L.LightningDataModule):
             self.target,
         )
 
-    def _rank(self) -> int:
-        return int(getattr(self.trainer, "global_rank", 0) or 0)
-
-    def _epoch(self) -> int | None:
-        return None if self.trainer is None else int(self.trainer.current_epoch)
-
-    def _split_task(self, name: str) -> _SplitTask:
+    def split_task(self, name: str) -> _SplitTask:
+        """The task generator of split ``name``, reading only that split's hours."""
         self.setup()
         assert self.task is not None
         return _SplitTask(self.task, self.splits[name])
-
-    def train_dataset(self) -> TrainTaskStream:
-        """The training stream of this process's global rank."""
-        return TrainTaskStream(self._split_task("train"), self.batch_size, self.train_batches, self.seed, self._rank())
-
-    def eval_dataset(self, split: str) -> FixedTaskSet:
-        """The fixed ``"val"`` or ``"test"`` set (the same on every rank)."""
-        num = self.val_batches if split == "val" else self.test_batches
-        return FixedTaskSet(self._split_task(split), self.batch_size, num, self.seed, split)
-
-    def _loader_kwargs(self) -> dict[str, Any]:
-        return {"batch_size": None, "num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
-
-    def train_dataloader(self) -> DataLoader:
-        return _EpochLoader(self.train_dataset(), self._epoch, persistent_workers=False, **self._loader_kwargs())
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.eval_dataset("val"), shuffle=False, **self._loader_kwargs())
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.eval_dataset("test"), shuffle=False, **self._loader_kwargs())
 
 
 def _check_disjoint(splits: dict[str, _Split], time: pd.DatetimeIndex) -> None:
