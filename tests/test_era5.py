@@ -15,8 +15,8 @@ from torch.distributions import Normal
 
 from gridtnp import NeuralProcessModule
 from gridtnp.data import Batch, Observations, StationReanalysisDataModule
-from gridtnp.data.era5 import DataError, coarsen_fields, normalisation_stats, open_store
 from gridtnp.data.prepare import prepare
+from gridtnp.data.store import DataError, coarsen_fields, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 

@@ -30,7 +30,7 @@ import dask
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.era5 import DIMS, PROVENANCE_ATTR, STATS_ATTR, DataError, is_url, select_time
+from gridtnp.data.store import DIMS, PROVENANCE_ATTR, STATS_ATTR, DataError, is_url, select_time
 
 COORD_ALIASES: dict[str, tuple[str, ...]] = {
     "time": ("time", "valid_time"),
@@ -210,7 +210,7 @@ def prepare(
             for v in ds.data_vars
         }
         train = select_time(ds, train_start, train_end)
-        lazy_stats = {v: (train[v].astype(np.float64).mean(), train[v].astype(np.float64).std()) for v in ds.data_vars}
+        lazy_stats = {v: _lazy_stats(train[v]) for v in ds.data_vars}
 
         shape = " x ".join(f"{ds.sizes[d]} {d}" for d in ds.dims)
         log(f"gridtnp data prepare: [2/4] {', '.join(ds.data_vars)} on {shape}; {_describe_coverage(ds)}")
@@ -330,17 +330,34 @@ def _to_float32(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
-def _stats_attr(stats: dict[str, tuple[Any, Any]], train: xr.Dataset, inputs: Sequence[Any]) -> dict[str, Any]:
+def _lazy_stats(var: xr.DataArray) -> dict[str, Any]:
+    """Lazy mean and std of ``var`` overall and, with a level dimension, per level (``"levels"``)."""
+    var = var.astype(np.float64)
+    out: dict[str, Any] = {"mean": var.mean(), "std": var.std()}
+    extra = [d for d in var.dims if d not in DIMS]
+    if len(extra) == 1:  # e.g. pressure levels: temperature at 1000 and 500 hPa differ by tens of kelvin
+        over = [d for d in var.dims if d != extra[0]]
+        out["levels"] = (var[extra[0]].values, var.mean(over), var.std(over))
+    return out
+
+
+def _stats_attr(stats: dict[str, dict[str, Any]], train: xr.Dataset, inputs: Sequence[Any]) -> dict[str, Any]:
     first, last = _iso(train.time.values[0]), _iso(train.time.values[-1])
     out = {}
-    for v, (mean, std) in stats.items():
-        mean, std = float(mean), float(std)
+    for v, computed in stats.items():
+        mean, std = float(computed["mean"]), float(computed["std"])
         if not (np.isfinite(mean) and np.isfinite(std)):
             raise DataError(
                 f"{', '.join(map(str, inputs))}: variable {v!r} has no finite values between {first} and {last}; "
                 "choose a training period with data (--train-start/--train-end)."
             )
         out[v] = {"mean": mean, "std": std, "train_start": first, "train_end": last, "steps": int(train.sizes["time"])}
+        if "levels" in computed:
+            levels, means, stds = computed["levels"]
+            out[v]["levels"] = {
+                f"{level:g}": {"mean": float(m), "std": float(sd)}
+                for level, m, sd in zip(levels, np.asarray(means), np.asarray(stds), strict=True)
+            }
     return out
 
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from gridtnp.data.era5 import DataError
+from gridtnp.data.store import DataError
 
 COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
     "latitude": ("latitude", "lat"),

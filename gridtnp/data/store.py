@@ -1,0 +1,343 @@
+"""Open prepared Zarr stores lazily and select a date range and region, with errors a user can act on.
+
+A prepared store (``gridtnp data prepare``) holds variables ``[time, ..., latitude, longitude]`` with latitudes
+ascending, longitudes ascending in [-180, 180), ``time`` as datetime64, and per-variable normalisation statistics
+in ``attrs["gridtnp_stats"]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from gridtnp.registry import ConfigError
+
+STATS_ATTR = "gridtnp_stats"
+PROVENANCE_ATTR = "gridtnp_provenance"
+DIMS = ("time", "latitude", "longitude")
+
+DateLike = str | np.datetime64 | pd.Timestamp
+
+_PREPARE_HINT = "Run `gridtnp data prepare SOURCE --out STORE.zarr` to write a store in gridtnp's layout."
+
+# fsspec protocol -> the package that implements it, for a helpful message when it is missing.
+_PROTOCOL_PACKAGES = {
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "s3": "s3fs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "http": "aiohttp",
+    "https": "aiohttp",
+}
+
+
+class DataError(ConfigError):
+    """Input data that cannot be used as given; the message names the file or variable and what was expected."""
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a remote URL (``gs://``, ``s3://``, ``https://``, ...) rather than a local path."""
+    return "://" in str(path)
+
+
+def open_store(
+    path_or_url: str | os.PathLike[str],
+    variables: Sequence[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> xr.Dataset:
+    """Open a prepared Zarr store lazily (dask, the store's own chunks) and check its layout.
+
+    ``path_or_url`` is a local path or a URL (``gs://...`` needs gcsfs; pass ``storage_options={"token": "anon"}``
+    for public buckets). ``variables`` keeps only those data variables; each is ``[time, ..., latitude, longitude]``.
+    """
+    source = str(path_or_url)
+    if not is_url(source) and not os.path.exists(source):
+        raise DataError(f"No Zarr store at {source!r}. {_PREPARE_HINT}")
+    try:
+        ds = xr.open_zarr(source, chunks={}, storage_options=storage_options)
+    except ImportError as err:
+        protocol = source.split("://", 1)[0]
+        package = _PROTOCOL_PACKAGES.get(protocol, f"the fsspec implementation for {protocol}://")
+        raise DataError(f"Opening {source!r} needs {package}: pip install {package} ({err}).") from err
+    except FileNotFoundError as err:
+        raise DataError(f"No Zarr store at {source!r} ({err}). {_PREPARE_HINT}") from err
+    except Exception as err:
+        raise DataError(f"{source!r} could not be opened as a Zarr store ({type(err).__name__}: {err}).") from err
+    if variables is not None:
+        missing = [v for v in variables if v not in ds.data_vars]
+        if missing:
+            raise DataError(
+                f"{source!r} has no variable(s) {', '.join(map(repr, missing))}; "
+                f"available: {', '.join(map(str, ds.data_vars)) or '(none)'}."
+            )
+        ds = ds[list(variables)]
+    check_layout(ds, source)
+    return ds
+
+
+def check_layout(ds: xr.Dataset, source: str = "dataset") -> None:
+    """Raise ``DataError`` unless ``ds`` is in the prepared layout (see the module docstring)."""
+    missing = [d for d in DIMS if d not in ds.coords]
+    if missing:
+        raise DataError(
+            f"{source}: no {', '.join(missing)} coordinate (found: {', '.join(map(str, ds.coords)) or 'none'}); "
+            f"gridtnp expects coordinates named {', '.join(DIMS)}. {_PREPARE_HINT}"
+        )
+    if not np.issubdtype(ds["time"].dtype, np.datetime64):
+        raise DataError(f"{source}: time has dtype {ds['time'].dtype}, expected datetime64. {_PREPARE_HINT}")
+    lat = ds["latitude"].values
+    lon = ds["longitude"].values
+    if lat.size > 1 and not np.all(np.diff(lat) > 0):
+        order = "descending" if np.all(np.diff(lat) < 0) else "not sorted"
+        raise DataError(f"{source}: latitudes are {order} ({lat[0]} to {lat[-1]}); expected ascending. {_PREPARE_HINT}")
+    if lon.size and (lon.min() < -180 or lon.max() >= 180):
+        raise DataError(
+            f"{source}: longitudes span {lon.min()} to {lon.max()}; expected [-180, 180) "
+            f"(a 0-360 store must be converted). {_PREPARE_HINT}"
+        )
+    if lon.size > 1 and not np.all(np.diff(lon) > 0):
+        raise DataError(f"{source}: longitudes are not ascending; expected ascending in [-180, 180). {_PREPARE_HINT}")
+    for name, var in ds.data_vars.items():
+        absent = [d for d in DIMS if d not in var.dims]
+        if absent:
+            raise DataError(f"{source}: variable {name!r} has dims {var.dims}; expected it to include {DIMS}.")
+
+
+def coverage(ds: xr.Dataset) -> str:
+    """What ``ds`` covers, for error messages: time range and steps, latitude and longitude ranges."""
+    time = ds.indexes["time"]
+    lat, lon = ds["latitude"].values, ds["longitude"].values
+    return (
+        f"time {_iso(time[0])} to {_iso(time[-1])} ({len(time)} steps), "
+        f"latitude {lat.min():g} to {lat.max():g}, longitude {lon.min():g} to {lon.max():g}"
+    )
+
+
+def select(
+    ds: xr.Dataset,
+    start: DateLike | None = None,
+    end: DateLike | None = None,
+    region: tuple[float, float, float, float] | None = None,
+) -> xr.Dataset:
+    """Lazy subset of a prepared ``ds``: times in [start, end] and ``region=(lat_min, lat_max, lon_min, lon_max)``.
+
+    Bounds are inclusive; a date ``"2019-03-21"`` as ``end`` includes that whole day. A range or region reaching
+    outside the store is an error naming the store's coverage (no silent clipping).
+    """
+    out = select_time(ds, start, end)
+    if region is None:
+        return out
+    lat_min, lat_max, lon_min, lon_max = map(float, region)
+    if lat_min > lat_max or lon_min > lon_max:
+        raise DataError(
+            f"Region {tuple(region)} must be (lat_min, lat_max, lon_min, lon_max) with min <= max "
+            "(longitudes in [-180, 180); regions crossing the antimeridian are not supported)."
+        )
+    lat, lon = ds["latitude"].values, ds["longitude"].values
+    if lat_min < lat.min() or lat_max > lat.max() or lon_min < lon.min() or lon_max > lon.max():
+        raise DataError(
+            f"Region lat {lat_min:g} to {lat_max:g}, lon {lon_min:g} to {lon_max:g} reaches outside the store, "
+            f"which covers {coverage(ds)}."
+        )
+    out = out.sel(latitude=slice(lat_min, lat_max), longitude=slice(lon_min, lon_max))
+    if out.sizes["latitude"] == 0 or out.sizes["longitude"] == 0:
+        raise DataError(
+            f"Region lat {lat_min:g} to {lat_max:g}, lon {lon_min:g} to {lon_max:g} contains no grid point "
+            f"(grid steps {_step(lat):g} x {_step(lon):g} degrees)."
+        )
+    return out
+
+
+def normalisation_stats(
+    ds: xr.Dataset, variable: str, level: float | None = None, source: str = "store"
+) -> tuple[float, float]:
+    """``(mean, std)`` of ``variable`` (at ``level``, when the store has per-level statistics) over the training
+    period, as written by ``gridtnp data prepare``."""
+    stats = ds.attrs.get(STATS_ATTR, {})
+    if variable not in stats:
+        raise DataError(
+            f"{source}: no normalisation statistics for {variable!r} in the store's attrs[{STATS_ATTR!r}] "
+            f"(have: {', '.join(stats) or 'none'}). {_PREPARE_HINT}"
+        )
+    entry = stats[variable]
+    if level is not None and f"{level:g}" in entry.get("levels", {}):
+        entry = entry["levels"][f"{level:g}"]
+    mean, std = float(entry["mean"]), float(entry["std"])
+    if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
+        raise DataError(f"{source}: {variable!r} has statistics mean {mean}, std {std}; need a finite std > 0.")
+    return mean, std
+
+
+def select_time(ds: xr.Dataset, start: DateLike | None = None, end: DateLike | None = None) -> xr.Dataset:
+    """Lazy subset of ``ds`` with times in [start, end], inclusive at each string's resolution; errors as ``select``."""
+    time = ds.indexes["time"]
+    first, last = time[0], time[-1]
+    (s0, s1) = (first, first) if start is None else date_bounds(start, "start")
+    (e0, e1) = (last, last) if end is None else date_bounds(end, "end")
+    # Outside = a requested start (end) period wholly before (after) the store, or the range missing it entirely.
+    if s1 < first or e0 > last or s0 > last or e1 < first:
+        raise DataError(
+            f"Dates {_describe_range(start, end)} reach outside the store, which covers {coverage(ds)}. "
+            "Choose dates inside that range, or prepare a store that covers them."
+        )
+    if s0 > e1:
+        raise DataError(f"Dates: start {start} is after end {end}; expected start <= end.")
+    out = ds.sel(time=slice(s0, e1))
+    if out.sizes["time"] == 0:
+        raise DataError(f"No time steps {_describe_range(start, end)}; the store covers {coverage(ds)}.")
+    return out
+
+
+def date_bounds(value: DateLike, what: str = "date") -> tuple[pd.Timestamp, pd.Timestamp]:
+    """First and last instant a date covers: ``"2019-03-21"`` is that whole day, a timestamp is itself."""
+    try:
+        if isinstance(value, str):
+            period = pd.Period(value)
+            return period.start_time, period.end_time
+        t = pd.Timestamp(value)
+    except (ValueError, TypeError) as err:
+        raise DataError(f"{what} {value!r} is not a date; expected e.g. '2019-03-21' or '2019-03-21T06'.") from err
+    return t, t
+
+
+def _describe_range(start: DateLike | None, end: DateLike | None) -> str:
+    if start is None:
+        return f"up to {end}"
+    return f"from {start}" if end is None else f"{start} to {end}"
+
+
+def _iso(t: Any) -> str:
+    return pd.Timestamp(t).isoformat()
+
+
+def _step(axis: np.ndarray) -> float:
+    return float(np.median(np.diff(axis))) if axis.size > 1 else float("nan")
+
+
+class ChunkCache:
+    """Whole time chunks ``[steps, ..., H, W]`` of a lazily opened store, kept in an LRU per process.
+
+    ``region`` (``{"latitude": slice, "longitude": slice}`` of indices) restricts every read to a box, so only the
+    spatial chunks overlapping it are fetched from a store chunked in space too.
+
+    The store is opened on first use in each process (a DataLoader worker opens its own handle) and the handle
+    and cached arrays are dropped when pickled. ``reads`` counts chunks read from the store, ``hits`` requests
+    served from memory, ``loaded`` lists the ``(variable, chunk)`` pairs read, for tests and benchmarks.
+    """
+
+    def __init__(
+        self,
+        store: str,
+        capacity: int,
+        storage_options: dict[str, Any] | None = None,
+        variables: Sequence[str] = (),
+        region: dict[str, slice] | None = None,
+    ) -> None:
+        self.store, self.capacity, self.storage_options = store, capacity, storage_options
+        self.variables, self.region = list(variables), dict(region or {})
+        self._ds: xr.Dataset | None = None
+        self._pid: int | None = None
+        self._bounds: dict[str, np.ndarray] = {}
+        self._lru: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self.reads, self.hits, self.loaded = 0, 0, []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_ds=None, _pid=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[])
+        return state
+
+    def dataset(self) -> xr.Dataset:
+        """This process's handle on the store, opened on first use."""
+        if self._ds is None or self._pid != os.getpid():
+            ds = open_store(self.store, self.variables or None, self.storage_options)
+            self._ds = ds.isel(self.region) if self.region else ds
+            self._pid, self._lru, self._bounds = os.getpid(), OrderedDict(), {}
+        return self._ds
+
+    def bounds(self, variable: str) -> np.ndarray:
+        """Chunk boundaries along time ``[C + 1]`` of ``variable``: chunk ``c`` holds steps ``[b[c], b[c + 1])``."""
+        if variable not in self._bounds:
+            steps = self.dataset()[variable].data.chunks[0]
+            self._bounds[variable] = np.concatenate([[0], np.cumsum(steps)])
+        return self._bounds[variable]
+
+    def read(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        """``[(variable, time index [T])]`` -> ``[fields [T, H, W]]``, reading each missing chunk once (one compute)."""
+        ds = self.dataset()
+        located = []
+        for variable, index in requests:
+            bounds = self.bounds(variable)
+            chunk = np.searchsorted(bounds, index, side="right") - 1
+            located.append((variable, index, chunk, bounds))
+        needed = dict.fromkeys((v, int(c)) for v, _, chunks, _ in located for c in np.unique(chunks))
+        missing = [key for key in needed if key not in self._lru]
+        self.hits += len(needed) - len(missing)
+        if missing:
+            import dask
+
+            per_var: dict[str, list[int]] = {}
+            for variable, c in missing:
+                per_var.setdefault(variable, []).append(c)
+            lazy, spans = [], []
+            for variable, chunks in per_var.items():  # one fancy index per variable over its missing chunks
+                bounds = self.bounds(variable)
+                steps = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in chunks])
+                lazy.append(ds[variable].data[steps])
+                spans.append((variable, chunks, bounds))
+            # Synchronous: dask's thread pool does not survive a fork into DataLoader workers (reads would hang);
+            # the workers are the parallelism.
+            try:
+                computed = dask.compute(*lazy, scheduler="synchronous")
+            except Exception as err:  # a truncated / corrupt chunk, a dropped connection, a missing chunk file
+                what = ", ".join(f"{v!r} time chunks {chunks}" for v, chunks, _ in spans)
+                raise DataError(
+                    f"{self.store}: reading {what} failed ({type(err).__name__}: {err}). The store may be truncated "
+                    "or corrupt: re-run `gridtnp data prepare ... --overwrite`, or check the connection for a URL."
+                ) from err
+            for data, (variable, chunks, bounds) in zip(computed, spans, strict=True):
+                start = 0
+                for c in chunks:
+                    stop = start + int(bounds[c + 1] - bounds[c])
+                    self._lru[(variable, c)] = np.asarray(data[start:stop], dtype=np.float32)
+                    start = stop
+            self.reads += len(missing)
+            self.loaded.extend(missing)
+        for key in needed:
+            self._lru.move_to_end(key)
+        out = []
+        for variable, index, chunk, bounds in located:
+            first = self._lru[(variable, int(chunk[0]))]
+            field = np.empty((len(index), *first.shape[1:]), dtype=np.float32)
+            for c in np.unique(chunk):  # a loop over chunks, each filled by one fancy index
+                sel = chunk == c
+                field[sel] = self._lru[(variable, int(c))][index[sel] - bounds[c]]
+            out.append(field)
+        while len(self._lru) > max(self.capacity, len(needed)):
+            self._lru.popitem(last=False)
+        return out
+
+
+def coarsen_fields(fields: np.ndarray, factor: int) -> np.ndarray:
+    """NaN-aware mean over ``factor x factor`` blocks: ``[..., H, W] -> [..., ceil(H / f), ceil(W / f)]``.
+
+    Edge blocks average the points they have; a block with no finite value is NaN.
+    """
+    if factor <= 1:
+        return fields
+    *lead, h, w = fields.shape
+    hc, wc = -(-h // factor), -(-w // factor)
+    padded = np.full((*lead, hc * factor, wc * factor), np.nan, dtype=np.float32)
+    padded[..., :h, :w] = fields
+    blocks = padded.reshape(*lead, hc, factor, wc, factor)
+    finite = np.isfinite(blocks)
+    total = np.where(finite, blocks, 0.0).sum(axis=(-3, -1), dtype=np.float64)
+    count = finite.sum(axis=(-3, -1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan).astype(np.float32)
