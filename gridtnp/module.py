@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -12,6 +13,7 @@ from torchmetrics import MeanMetric, MeanSquaredError
 from gridtnp.data.batch import Batch
 from gridtnp.models.neural_process import build_model, count_parameters
 from gridtnp.nn.likelihoods import log_likelihood
+from gridtnp.registry import ConfigError
 
 Spec = dict[str, Any]
 
@@ -49,6 +51,8 @@ class NeuralProcessModule(L.LightningModule):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.
+        lr_schedule: after the warm-up, ``"constant"``, or ``"cosine"`` decay to 0 at the end of the run
+            (``trainer.max_steps``): steadier short runs.
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class NeuralProcessModule(L.LightningModule):
         lr: float = 5e-4,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -87,6 +92,9 @@ class NeuralProcessModule(L.LightningModule):
         }
         self.model = build_model(spec)
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
+        if lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"lr_schedule must be 'constant' or 'cosine'; got {lr_schedule!r}.")
+        self.lr_schedule = lr_schedule
         self.metrics = torch.nn.ModuleDict(
             {
                 stage: torch.nn.ModuleDict(
@@ -160,7 +168,31 @@ class NeuralProcessModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        if self.warmup_steps <= 0:
+        if self.warmup_steps <= 0 and self.lr_schedule == "constant":
             return optimizer
-        warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / self.warmup_steps))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+        total = self._total_steps() if self.lr_schedule == "cosine" else 0
+        warmup, cosine = self.warmup_steps, self.lr_schedule == "cosine"
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if not cosine:
+                return 1.0
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _total_steps(self) -> int:
+        """Optimiser steps of this run, for the cosine schedule: ``max_steps``, else Lightning's estimate."""
+        trainer = self.trainer
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            return int(trainer.max_steps)
+        total = trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            raise ConfigError(
+                "lr_schedule 'cosine' needs a finite run length: set trainer.max_steps (or max_epochs with a "
+                "finite training set)."
+            )
+        return int(total)

@@ -13,6 +13,7 @@ component's signature so a typo in a recipe key fails with the list of accepted 
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +32,10 @@ KINDS: dict[str, str] = {
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 
+# Modules that register components of a kind but are too heavy to import with gridtnp (xarray, dask):
+# imported the first time that kind is looked up, so `gridtnp list datamodule` shows them too.
+_LAZY_MODULES: dict[str, list[str]] = {"datamodule": ["gridtnp.data.era5"]}
+
 T = TypeVar("T", bound=Callable[..., Any])
 
 
@@ -38,15 +43,18 @@ class ConfigError(ValueError):
     """A recipe or component specification that cannot be built; the message says how to fix it."""
 
 
-def _check_kind(kind: str) -> dict[str, Callable[..., Any]]:
+def _check_kind(kind: str, load: bool = True) -> dict[str, Callable[..., Any]]:
     if kind not in _REGISTRY:
         raise ConfigError(f"Unknown component kind {kind!r}. Kinds: {', '.join(KINDS)}.")
+    if load:
+        while _LAZY_MODULES.get(kind):
+            importlib.import_module(_LAZY_MODULES[kind].pop())
     return _REGISTRY[kind]
 
 
 def register(kind: str, name: str) -> Callable[[T], T]:
     """Decorator: register a class or factory function under ``kind``/``name``."""
-    table = _check_kind(kind)
+    table = _check_kind(kind, load=False)
 
     def decorator(obj: T) -> T:
         if name in table and table[name] is not obj:
@@ -61,7 +69,7 @@ def register(kind: str, name: str) -> Callable[[T], T]:
 def available(kind: str | None = None) -> list[str] | dict[str, list[str]]:
     """Sorted registered names of one kind, or a ``{kind: names}`` dict of all kinds."""
     if kind is None:
-        return {k: sorted(v) for k, v in _REGISTRY.items()}
+        return {k: sorted(_check_kind(k)) for k in _REGISTRY}
     return sorted(_check_kind(kind))
 
 

@@ -341,14 +341,14 @@ def test_coarse_baseline_matches_a_direct_computation(store: str, stations: str)
 
 RECIPES = [
     pytest.param(p, marks=pytest.mark.slow) if p.stem == "era5_swin_global" else p  # 64 x 128 tokens: slow on CPU
-    for p in sorted((ROOT / "recipes").glob("era5_*.yaml"))
+    for p in sorted((ROOT / "recipes").glob("*.yaml"))
+    if yaml.safe_load(p.read_text())["data"]["class_path"].endswith("StationReanalysisDataModule")
 ]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_era5_recipes_build_and_run_a_batch(recipe: Path, store: str, stations: str) -> None:
     config = yaml.safe_load(recipe.read_text())
-    assert config["data"]["class_path"] == "gridtnp.data.StationReanalysisDataModule"
     module = NeuralProcessModule(**config["model"]["init_args"])
     assert set(module.model.encoders) == {"grid", "stations"} and module.model.target_source == "stations"
     batch = next(iter(datamodule(store, stations, batch_size=2).train_dataloader()))

@@ -11,6 +11,7 @@ from gridtnp.data.tasks import Task
 __all__ = [
     "DEFAULT_SOURCE",
     "Batch",
+    "MultiSourceDataModule",
     "Observations",
     "StationReanalysisDataModule",
     "SyntheticDataModule",
@@ -20,9 +21,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The ERA5 station DataModule needs xarray, pandas and dask: imported on first use, not with gridtnp.
-    if name == "StationReanalysisDataModule":
-        from gridtnp.data.era5 import StationReanalysisDataModule
+    # The ERA5 DataModules need xarray, pandas and dask: imported on first use, not with gridtnp.
+    if name in ("StationReanalysisDataModule", "MultiSourceDataModule"):
+        from gridtnp.data import era5
 
-        return StationReanalysisDataModule
+        return getattr(era5, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
