@@ -269,3 +269,29 @@ def test_sample_recipe_reads_the_embedded_sample(tmp_path: Path, monkeypatch: py
     assert (x.min(0).values >= torch.tensor(grid["lower"])).all() and (
         x.max(0).values <= torch.tensor(grid["upper"])
     ).all()
+
+
+def test_an_arco_style_store_is_refused_or_converted_lazily_with_given_stats(tmp_path: Path) -> None:
+    # The public ARCO ERA5 layout: latitudes descending, longitudes in [0, 360), no gridtnp statistics.
+    lat, lon = np.arange(60.0, 49.9, -2.5), np.arange(0.0, 360.0, 45.0)
+    time = pd.date_range("2020-01-01", periods=72, freq="h")
+    h, la, lo = np.meshgrid(np.arange(72), lat, lon, indexing="ij")
+    values = (la + 0.01 * lo + 0.1 * h).astype(np.float32)
+    xr.Dataset(
+        {"2m_temperature": (("time", "latitude", "longitude"), values)},
+        coords={"time": time, "latitude": lat, "longitude": lon},
+    ).chunk({"time": 1}).to_zarr(tmp_path / "arco.zarr", zarr_format=2)
+    store = str(tmp_path / "arco.zarr")
+    kwargs = {"variables": ["2m_temperature"], "target_variables": None}
+    with pytest.raises(DataError, match=r"latitudes are descending.*convert_layout"):
+        datamodule(store, **kwargs)
+    with pytest.raises(DataError, match=r"no normalisation statistics for '2m_temperature'.*stats"):
+        datamodule(store, convert_layout=True, **kwargs)
+    dm = datamodule(store, convert_layout=True, stats={"2m_temperature": [55.0, 5.0]}, **kwargs)
+    batch = dm.split_task("train").sample(2, torch.Generator().manual_seed(0))
+    x, m = batch.target.x.numpy(), batch.target.mask.numpy()
+    assert x[..., 2].min() >= -180 and x[..., 2].max() < 180  # longitudes converted
+    hour = batch.extras["start_hour"].numpy()[:, None] + x[..., 0]
+    expected = x[..., 1] + 0.01 * (x[..., 2] % 360.0) + 0.1 * hour
+    np.testing.assert_allclose(batch.target.y[..., 0].numpy()[m] * 5.0 + 55.0, expected[m], atol=1e-3)
+    assert dm.task.cache.reads == len(np.unique(batch.extras["start_hour"].numpy()[:, None] + np.arange(3)))

@@ -294,3 +294,21 @@ def test_snap_to_grid_matches_brute_force_nearest(lat_axis: np.ndarray, lon_axis
     np.testing.assert_array_equal(inside, lat_in & lon_in)
     np.testing.assert_array_equal(lat_i[inside], lat_ref[inside])
     np.testing.assert_array_equal(lon_i[inside], lon_ref[inside])
+
+
+def test_automatic_time_chunks_keep_chunks_small_for_random_access() -> None:
+    import dask.array as da
+
+    from gridtnp.data.prepare import auto_time_chunk
+
+    def grid(*shape: int) -> xr.Dataset:
+        dims = (
+            ("time", "level", "latitude", "longitude")[-len(shape) :]
+            if len(shape) == 4
+            else ("time", "latitude", "longitude")
+        )
+        return xr.Dataset({"v": (dims, da.zeros(shape, dtype=np.float32))})
+
+    assert auto_time_chunk(grid(744, 33, 49)) == 24  # the embedded sample: a regional box
+    assert auto_time_chunk(grid(8760, 721, 1440)) == 4  # global 0.25 degree: 4 x 4.2 MB
+    assert auto_time_chunk(grid(8760, 37, 721, 1440)) == 1  # 37 pressure levels: one step per chunk

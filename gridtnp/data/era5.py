@@ -182,16 +182,19 @@ class ERA5DataModule(TaskDataModule):
         self,
         store: str | None,
         dates: dict[str, tuple[str, str]],
-        storage_options: dict[str, Any] | None,
         batch_size: int,
         train_batches: int,
         val_batches: int,
         test_batches: int,
         seed: int,
         num_workers: int,
+        storage_options: dict[str, Any] | None = None,
+        convert_layout: bool = False,
+        stats: dict[str, Sequence[float]] | None = None,
     ) -> None:
         super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
         self.store, self.storage_options = store, storage_options
+        self.convert_layout, self.stats = convert_layout, dict(stats or {})
         self.dates = {split: tuple(pair) for split, pair in dates.items()}
 
     def store_path(self) -> str:
@@ -218,6 +221,16 @@ class ERA5DataModule(TaskDataModule):
         except DataError:
             if not out.exists():  # another process finished first otherwise
                 raise
+
+    def open(self, variables: Sequence[str]) -> xr.Dataset:
+        """The store (prepared first if it is the sample), lazily, with ``variables`` only."""
+        self.prepare_data()
+        return open_store(self.store_path(), variables, self.storage_options, self.convert_layout)
+
+    def chunk_cache(self, variables: Sequence[str], region: dict[str, slice] | None = None) -> ChunkCache:
+        """A per-process chunk cache on the store for ``variables`` (``cache_chunks`` chunks per variable)."""
+        capacity = self.cache_chunks * len(variables)
+        return ChunkCache(self.store_path(), capacity, self.storage_options, variables, region, self.convert_layout)
 
     def split_hours(self, ds: xr.Dataset, path: str) -> dict[str, np.ndarray]:
         """Indices into ``ds.time`` of each split's hours ``{split: [T]}``; errors name the split and the store."""
@@ -279,6 +292,10 @@ class StationReanalysisDataModule(ERA5DataModule):
         num_workers: DataLoader workers (each opens its own handle on the store).
         cache_chunks: time chunks per variable kept in memory in each process.
         storage_options: fsspec options for a remote store, e.g. ``{"token": "anon"}``.
+        convert_layout: accept a store that was not prepared by gridtnp (e.g. the public ARCO ERA5 store:
+            latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
+        stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
+            required for stores without them.
         unique_grid_points: keep one station per grid point (the first in the file). Two stations on one grid point
             have the same value, so one in the context would give the other away as a target; the embedded HadISD
             list has 9,159 distinct 0.25 degree points among its 9,957 stations.
@@ -305,11 +322,23 @@ class StationReanalysisDataModule(ERA5DataModule):
         num_workers: int = 0,
         cache_chunks: int = 8,
         storage_options: dict[str, Any] | None = None,
+        convert_layout: bool = False,
+        stats: dict[str, Sequence[float]] | None = None,
         unique_grid_points: bool = True,
     ) -> None:
         dates = {"train": train_dates, "val": val_dates, "test": test_dates}
         super().__init__(
-            store, dates, storage_options, batch_size, train_batches, val_batches, test_batches, seed, num_workers
+            store,
+            dates,
+            batch_size,
+            train_batches,
+            val_batches,
+            test_batches,
+            seed,
+            num_workers,
+            storage_options=storage_options,
+            convert_layout=convert_layout,
+            stats=stats,
         )
         where = "StationReanalysisDataModule"
         check_counts(
@@ -346,17 +375,16 @@ class StationReanalysisDataModule(ERA5DataModule):
         from gridtnp.data.sample import STATIONS_SAMPLE, sample_path
         from gridtnp.data.stations import read_stations
 
-        self.prepare_data()
         path = self.store_path()
         variables = list(dict.fromkeys([*self.grid_variables, self.station_variable]))
-        ds = open_store(path, variables, self.storage_options)
+        ds = self.open(variables)
         for v in variables:
             if ds[v].dims != DIMS:
                 raise DataError(
                     f"{path}: variable {v!r} has dims {ds[v].dims}; station tasks need {DIMS} (select one level "
                     "when preparing the store)."
                 )
-        stats = {v: normalisation_stats(ds, v, source=path) for v in variables}
+        stats = {v: normalisation_stats(ds, v, source=path, given=self.stats) for v in variables}
         lat, lon = ds["latitude"].values, ds["longitude"].values
         station_file = str(self.stations if self.stations is not None else sample_path(STATIONS_SAMPLE))
         table = read_stations(station_file, lat, lon)
@@ -388,7 +416,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         lat_c = coarsen_fields(np.broadcast_to(lat[:, None], (len(lat), len(lon))).astype(np.float32), c)
         lon_c = coarsen_fields(np.broadcast_to(lon[None, :], (len(lat), len(lon))).astype(np.float32), c)
         grid_x = np.stack([lat_c, lon_c], -1).reshape(hc * wc, 2)
-        cache = ChunkCache(path, self.cache_chunks * len(variables), self.storage_options, variables)
+        cache = self.chunk_cache(variables)
         self.task = StationReanalysisTask(
             cache,
             self.grid_variables,
@@ -544,6 +572,10 @@ class MultiSourceDataModule(ERA5DataModule):
         batch_size, train_batches, val_batches, test_batches, seed, num_workers: as for every task DataModule.
         cache_chunks: time chunks per variable kept in memory in each process.
         storage_options: fsspec options for a remote store, e.g. ``{"token": "anon"}``.
+        convert_layout: accept a store that was not prepared by gridtnp (e.g. the public ARCO ERA5 store:
+            latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
+        stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
+            required for stores without them.
     """
 
     def __init__(
@@ -566,10 +598,22 @@ class MultiSourceDataModule(ERA5DataModule):
         num_workers: int = 0,
         cache_chunks: int = 8,
         storage_options: dict[str, Any] | None = None,
+        convert_layout: bool = False,
+        stats: dict[str, Sequence[float]] | None = None,
     ) -> None:
         dates = {"train": train_dates, "val": val_dates, "test": test_dates}
         super().__init__(
-            store, dates, storage_options, batch_size, train_batches, val_batches, test_batches, seed, num_workers
+            store,
+            dates,
+            batch_size,
+            train_batches,
+            val_batches,
+            test_batches,
+            seed,
+            num_workers,
+            storage_options=storage_options,
+            convert_layout=convert_layout,
+            stats=stats,
         )
         where = "MultiSourceDataModule"
         check_counts(where, [("window", window, 1), ("cache_chunks", cache_chunks, 1)])
@@ -612,10 +656,9 @@ class MultiSourceDataModule(ERA5DataModule):
         """Open the store for metadata, check variables, levels, region and dates, and build the task sampler."""
         if self.task is not None:
             return
-        self.prepare_data()
         path = self.store_path()
         variables = list(dict.fromkeys(s.variable for s in self.sources))
-        ds = open_store(path, variables, self.storage_options)
+        ds = self.open(variables)
         box = select(ds, region=self.region) if self.region is not None else ds
         lat, lon = box["latitude"].values, box["longitude"].values
         region = {
@@ -650,7 +693,7 @@ class MultiSourceDataModule(ERA5DataModule):
                         f"({extra[0]}: {', '.join(f'{v:g}' for v in levels)})."
                     )
                 level_index[s.name] = int(found[0])
-            stats[s.name] = normalisation_stats(ds, s.variable, s.level, source=path)
+            stats[s.name] = normalisation_stats(ds, s.variable, s.level, source=path, given=self.stats)
 
         time = ds.indexes["time"]
         self.starts = {}
@@ -673,7 +716,7 @@ class MultiSourceDataModule(ERA5DataModule):
 
         t, la, lo = np.meshgrid(np.arange(self.window, dtype=np.float64), lat, lon, indexing="ij")
         x = np.stack([t, la, lo], -1).reshape(-1, 3)  # [T * H * W, 3], the order of a field's reshape
-        cache = ChunkCache(path, self.cache_chunks * len(variables), self.storage_options, variables, region)
+        cache = self.chunk_cache(variables, region)
         self.task = MultiSourceTask(
             cache,
             self.sources,

@@ -24,7 +24,10 @@ DIMS = ("time", "latitude", "longitude")
 
 DateLike = str | np.datetime64 | pd.Timestamp
 
-_PREPARE_HINT = "Run `gridtnp data prepare SOURCE --out STORE.zarr` to write a store in gridtnp's layout."
+_PREPARE_HINT = (
+    "Run `gridtnp data prepare SOURCE --out STORE.zarr` to write a store in gridtnp's layout, or set "
+    "`convert_layout: true` on the DataModule to convert a store such as ARCO ERA5 lazily."
+)
 
 # fsspec protocol -> the package that implements it, for a helpful message when it is missing.
 _PROTOCOL_PACKAGES = {
@@ -51,11 +54,15 @@ def open_store(
     path_or_url: str | os.PathLike[str],
     variables: Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    convert_layout: bool = False,
 ) -> xr.Dataset:
     """Open a prepared Zarr store lazily (dask, the store's own chunks) and check its layout.
 
     ``path_or_url`` is a local path or a URL (``gs://...`` needs gcsfs; pass ``storage_options={"token": "anon"}``
     for public buckets). ``variables`` keeps only those data variables; each is ``[time, ..., latitude, longitude]``.
+    A store in another layout is an error, unless ``convert_layout``: then coordinates are renamed, latitudes
+    flipped and longitudes rolled lazily, as ``gridtnp data prepare`` would (e.g. the public ARCO ERA5 store, with
+    latitudes descending and longitudes in [0, 360)); reads stay chunk-wise.
     """
     source = str(path_or_url)
     if not is_url(source) and not os.path.exists(source):
@@ -78,6 +85,10 @@ def open_store(
                 f"available: {', '.join(map(str, ds.data_vars)) or '(none)'}."
             )
         ds = ds[list(variables)]
+    if convert_layout:
+        from gridtnp.data.prepare import normalise
+
+        ds = normalise(ds, source)
     check_layout(ds, source)
     return ds
 
@@ -156,20 +167,32 @@ def select(
 
 
 def normalisation_stats(
-    ds: xr.Dataset, variable: str, level: float | None = None, source: str = "store"
+    ds: xr.Dataset,
+    variable: str,
+    level: float | None = None,
+    source: str = "store",
+    given: dict[str, Sequence[float]] | None = None,
 ) -> tuple[float, float]:
     """``(mean, std)`` of ``variable`` (at ``level``, when the store has per-level statistics) over the training
-    period, as written by ``gridtnp data prepare``."""
+    period, as written by ``gridtnp data prepare``; ``given`` (``{"t2m": [mean, std], "u@850": [...]}``) takes
+    precedence, for stores without them."""
     stats = ds.attrs.get(STATS_ATTR, {})
-    if variable not in stats:
+    keys = [variable] if level is None else [f"{variable}@{level:g}", variable]
+    chosen = next((given[k] for k in keys if given and k in given), None)
+    if chosen is not None:
+        if len(chosen) != 2:
+            raise ConfigError(f"stats for {keys[0]!r} must be [mean, std]; got {chosen!r}.")
+        mean, std = (float(v) for v in chosen)
+    elif variable in stats:
+        entry = stats[variable]
+        if level is not None and f"{level:g}" in entry.get("levels", {}):
+            entry = entry["levels"][f"{level:g}"]
+        mean, std = float(entry["mean"]), float(entry["std"])
+    else:
         raise DataError(
-            f"{source}: no normalisation statistics for {variable!r} in the store's attrs[{STATS_ATTR!r}] "
-            f"(have: {', '.join(stats) or 'none'}). {_PREPARE_HINT}"
+            f"{source}: no normalisation statistics for {keys[0]!r} in the store's attrs[{STATS_ATTR!r}] "
+            f"(have: {', '.join(stats) or 'none'}); pass them as stats: {{{keys[0]}: [mean, std]}}. {_PREPARE_HINT}"
         )
-    entry = stats[variable]
-    if level is not None and f"{level:g}" in entry.get("levels", {}):
-        entry = entry["levels"][f"{level:g}"]
-    mean, std = float(entry["mean"]), float(entry["std"])
     if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
         raise DataError(f"{source}: {variable!r} has statistics mean {mean}, std {std}; need a finite std > 0.")
     return mean, std
@@ -239,8 +262,10 @@ class ChunkCache:
         storage_options: dict[str, Any] | None = None,
         variables: Sequence[str] = (),
         region: dict[str, slice] | None = None,
+        convert_layout: bool = False,
     ) -> None:
         self.store, self.capacity, self.storage_options = store, capacity, storage_options
+        self.convert_layout = convert_layout
         self.variables, self.region = list(variables), dict(region or {})
         self._ds: xr.Dataset | None = None
         self._pid: int | None = None
@@ -256,7 +281,7 @@ class ChunkCache:
     def dataset(self) -> xr.Dataset:
         """This process's handle on the store, opened on first use."""
         if self._ds is None or self._pid != os.getpid():
-            ds = open_store(self.store, self.variables or None, self.storage_options)
+            ds = open_store(self.store, self.variables or None, self.storage_options, self.convert_layout)
             self._ds = ds.isel(self.region) if self.region else ds
             self._pid, self._lru, self._bounds = os.getpid(), OrderedDict(), {}
         return self._ds
