@@ -19,12 +19,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-DEMO_RECIPE ?= recipes/gp1d_tnp.yaml
+DEMO_RECIPE ?= recipes/era5_swin.yaml
 DEMO_DIR ?= runs/demo
 
-## The main job on the embedded default data: a short CPU training run, then the test set.
+## The main job on the embedded default data (ERA5 + station sample): a short CPU training run, then the test set.
 demo: install
-	$(BIN)/gridtnp fit --config $(DEMO_RECIPE) --trainer.max_steps 300 \
+	$(BIN)/gridtnp fit --config $(DEMO_RECIPE) \
 		--trainer.default_root_dir $(DEMO_DIR) --checkpoint.dirpath $(DEMO_DIR)/checkpoints
 	$(BIN)/gridtnp test --config $(DEMO_RECIPE) --trainer.default_root_dir $(DEMO_DIR) \
 		--ckpt_path $(DEMO_DIR)/checkpoints/last.ckpt
