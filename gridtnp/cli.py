@@ -9,8 +9,10 @@ gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-en
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -73,6 +75,53 @@ class GridTNPCLI(LightningCLI):
         n = getattr(self.model, "num_parameters", None)
         if n is not None and self.trainer.is_global_zero:
             print(f"gridtnp: {type(self.model).__name__} with {n:,} trainable parameters")
+
+    def after_test(self) -> None:
+        """Print the test metrics as a table and write them to JSON next to the checkpoint (rank 0)."""
+        metrics = {
+            name.removeprefix("test/"): float(value)
+            for name, value in self.trainer.callback_metrics.items()
+            if name.startswith("test/")
+        }
+        if not self.trainer.is_global_zero or not metrics:
+            return
+        path = metrics_path(self.trainer.ckpt_path, self.trainer.log_dir or self.trainer.default_root_dir, "test")
+        configs = self.config[self.subcommand].get("config") or []
+        record = {
+            "split": "test",
+            "checkpoint": None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path),
+            "config": [str(c) for c in configs],
+            "metrics": metrics,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(format_metrics(metrics, "test"))
+        print(f"gridtnp: test metrics written to {path}")
+
+
+def metrics_path(ckpt_path: str | os.PathLike | None, fallback_dir: str | os.PathLike, split: str) -> Path:
+    """Where ``gridtnp test`` writes its metrics: ``<checkpoint stem>.<split>_metrics.json`` beside the checkpoint,
+    or ``<fallback_dir>/<split>_metrics.json`` when the model was not loaded from one."""
+    if ckpt_path:
+        ckpt = Path(ckpt_path)
+        return ckpt.with_name(f"{ckpt.stem}.{split}_metrics.json")
+    return Path(fallback_dir) / f"{split}_metrics.json"
+
+
+def format_metrics(metrics: dict[str, float], split: str) -> str:
+    """A plain-text table of ``{name: value}``, the log-likelihood with its standard error over tasks."""
+    rows = []
+    for name, value in metrics.items():
+        if name == "loglik_stderr":
+            continue
+        text = f"{value:.4f}"
+        if name == "loglik" and "loglik_stderr" in metrics:
+            text += f" +- {metrics['loglik_stderr']:.4f} (standard error over tasks)"
+        rows.append((f"{split}/{name}", text))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
+    lines += [f"{name:<{width}}  {text}" for name, text in rows]
+    return "\n".join(lines)
 
 
 def trainer_defaults() -> dict[str, Any]:
