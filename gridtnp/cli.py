@@ -1,6 +1,8 @@
-"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, ``list`` for the registry, ``data prepare``.
+"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, ``list`` for the registry, ``data prepare``,
+``plot`` for PNG figures of a checkpoint's predictions.
 
 gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
+gridtnp plot --config recipes/gp1d_tnp.yaml --ckpt_path runs/.../last.ckpt --out plots/
 gridtnp list processor
 gridtnp list model --params
 gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-end 2019-03-21
@@ -48,7 +50,9 @@ class Checkpoint(ModelCheckpoint):
 
 class GridTNPCLI(LightningCLI):
     """LightningCLI for any ``NeuralProcessModule`` and ``LightningDataModule`` (``class_path`` in the recipe),
-    with gridtnp's trainer defaults, a best/last checkpoint callback and the parameter count printed."""
+    with gridtnp's trainer defaults, a best/last checkpoint callback (``--checkpoint.*``), prediction plots logged to
+    TensorBoard (``--plots.*``, ``gridtnp.plots.PlotCallback``), the parameter count printed, and the test metrics
+    printed as a table and written to JSON."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         from gridtnp.module import NeuralProcessModule
@@ -66,7 +70,10 @@ class GridTNPCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        from gridtnp.plots import PlotCallback
+
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
+        parser.add_lightning_class_args(PlotCallback, "plots")
         parser.set_defaults(
             {"checkpoint.monitor": "val/loglik", "checkpoint.mode": "max", "checkpoint.save_last": True}
         )
@@ -164,6 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args and args[0] == "list":
             list_components(args[1:])
+        elif args and args[0] == "plot":
+            from gridtnp.plots import plot_main  # matplotlib only loads for this subcommand and the callback
+
+            plot_main(args[1:])
         elif args and args[0] == "data":
             from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand
 
