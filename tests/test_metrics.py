@@ -212,3 +212,21 @@ def test_metrics_synchronise_across_two_gloo_processes() -> None:
     }
     for name, value in want.items():
         assert float(got[name]) == pytest.approx(value, rel=1e-5), name
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")
+def test_module_weights_evaluation_by_cos_latitude() -> None:
+    from gridtnp import NeuralProcessModule
+    from gridtnp.data import Batch, Observations
+
+    with pytest.raises(ValueError, match="latitude_dim 2"):
+        NeuralProcessModule(preset="cnp", dim=8, dim_x=2, cos_latitude_weighting=True, latitude_dim=2)
+    module = NeuralProcessModule(preset="cnp", dim=8, dim_x=2, cos_latitude_weighting=True, latitude_dim=0)
+    x = torch.tensor([[[0.0, 5.0], [60.0, 5.0]]])
+    y = torch.tensor([[[1.0], [2.0]]])
+    module.forward = lambda batch: Normal(torch.zeros_like(y), torch.ones_like(y))
+    module._evaluate(
+        Batch({"points": Observations(torch.zeros(1, 1, 2), torch.zeros(1, 1, 1))}, Observations(x, y)), "val"
+    )
+    assert float(module.metrics["val"]["rmse"].compute()) == pytest.approx(math.sqrt((1.0 + 0.5 * 4.0) / 1.5), rel=1e-5)
+    assert float(module.metrics["val"]["mae"].compute()) == pytest.approx((1.0 + 0.5 * 2.0) / 1.5, rel=1e-5)
