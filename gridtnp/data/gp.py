@@ -156,8 +156,8 @@ class GP1D:
     ``p ~ U[period_range]`` (default [0.5, 2]). Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
     (padded to the batch maximum), ``N_t = num_targets``; ``x_c ~ U[context_range]``, ``x_t ~ U[target_range]``.
     ``extras["oracle_loglik"] [B]``: mean per-target log-density under the true GP posterior predictive; with it,
-    ``extras["kernel"]`` (index into ``kernels``), ``extras["lengthscale"]`` and ``extras["period"]`` ``[B]``, from
-    which :meth:`posterior` gives the true posterior anywhere (for plots).
+    ``extras["kernel"]`` (index into ``kernels``, as a float), ``extras["lengthscale"]`` and ``extras["period"]``
+    ``[B]``, from which :meth:`posterior` gives the true posterior anywhere (for plots).
     """
 
     def __init__(
@@ -219,7 +219,7 @@ class GP1D:
         extras = {}
         if self.oracle:
             extras["oracle_loglik"] = joint_predictive_loglik(cov, y[..., 0], mask_c, self.noise**2)
-            extras.update(kernel=family, lengthscale=lengthscale.float(), period=period.float())
+            extras.update(kernel=family.float(), lengthscale=lengthscale.float(), period=period.float())
         y = y.float()
         context = Observations(zero_padding(x[:, :nc], mask_c), zero_padding(y[:, :nc], mask_c), mask_c, "context")
         target = Observations(x[:, nc:], y[:, nc:], mask_t, "target")
@@ -232,6 +232,7 @@ class GP1D:
             return None
         ctx = batch.context[DEFAULT_SOURCE]
         family, lengthscale, period = (batch.extras[k].cpu() for k in ("kernel", "lengthscale", "period"))
+        family = family.round().long()  # extras are float32 by convention
         xc, yc, mask = ctx.x.cpu().double(), ctx.y.cpu()[..., 0].double(), ctx.mask.cpu()
         x = x.cpu().double()
         joint = torch.cat([xc, x], 1)
