@@ -1,6 +1,8 @@
-"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, ``list`` for the registry, ``data prepare``.
+"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, ``list`` for the registry, ``data prepare``,
+``plot`` for PNG figures of a checkpoint's predictions.
 
 gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
+gridtnp plot --config recipes/gp1d_tnp.yaml --ckpt_path runs/.../last.ckpt --out plots/
 gridtnp list processor
 gridtnp list model --params
 gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-end 2019-03-21
@@ -9,8 +11,10 @@ gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-en
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -46,7 +50,9 @@ class Checkpoint(ModelCheckpoint):
 
 class GridTNPCLI(LightningCLI):
     """LightningCLI for any ``NeuralProcessModule`` and ``LightningDataModule`` (``class_path`` in the recipe),
-    with gridtnp's trainer defaults, a best/last checkpoint callback and the parameter count printed."""
+    with gridtnp's trainer defaults, a best/last checkpoint callback (``--checkpoint.*``), prediction plots logged to
+    TensorBoard (``--plots.*``, ``gridtnp.plots.PlotCallback``), the parameter count printed, and the test metrics
+    printed as a table and written to JSON."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         from gridtnp.module import NeuralProcessModule
@@ -64,7 +70,10 @@ class GridTNPCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        from gridtnp.plots import PlotCallback
+
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
+        parser.add_lightning_class_args(PlotCallback, "plots")
         parser.set_defaults(
             {"checkpoint.monitor": "val/loglik", "checkpoint.mode": "max", "checkpoint.save_last": True}
         )
@@ -73,6 +82,53 @@ class GridTNPCLI(LightningCLI):
         n = getattr(self.model, "num_parameters", None)
         if n is not None and self.trainer.is_global_zero:
             print(f"gridtnp: {type(self.model).__name__} with {n:,} trainable parameters")
+
+    def after_test(self) -> None:
+        """Print the test metrics as a table and write them to JSON next to the checkpoint (rank 0)."""
+        metrics = {
+            name.removeprefix("test/"): float(value)
+            for name, value in self.trainer.callback_metrics.items()
+            if name.startswith("test/")
+        }
+        if not self.trainer.is_global_zero or not metrics:
+            return
+        path = metrics_path(self.trainer.ckpt_path, self.trainer.log_dir or self.trainer.default_root_dir, "test")
+        configs = self.config[self.subcommand].get("config") or []
+        record = {
+            "split": "test",
+            "checkpoint": None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path),
+            "config": [str(c) for c in configs],
+            "metrics": metrics,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(format_metrics(metrics, "test"))
+        print(f"gridtnp: test metrics written to {path}")
+
+
+def metrics_path(ckpt_path: str | os.PathLike | None, fallback_dir: str | os.PathLike, split: str) -> Path:
+    """Where ``gridtnp test`` writes its metrics: ``<checkpoint stem>.<split>_metrics.json`` beside the checkpoint,
+    or ``<fallback_dir>/<split>_metrics.json`` when the model was not loaded from one."""
+    if ckpt_path:
+        ckpt = Path(ckpt_path)
+        return ckpt.with_name(f"{ckpt.stem}.{split}_metrics.json")
+    return Path(fallback_dir) / f"{split}_metrics.json"
+
+
+def format_metrics(metrics: dict[str, float], split: str) -> str:
+    """A plain-text table of ``{name: value}``, the log-likelihood with its standard error over tasks."""
+    rows = []
+    for name, value in metrics.items():
+        if name == "loglik_stderr":
+            continue
+        text = f"{value:.4f}"
+        if name == "loglik" and "loglik_stderr" in metrics:
+            text += f" +- {metrics['loglik_stderr']:.4f} (standard error over tasks)"
+        rows.append((f"{split}/{name}", text))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
+    lines += [f"{name:<{width}}  {text}" for name, text in rows]
+    return "\n".join(lines)
 
 
 def trainer_defaults() -> dict[str, Any]:
@@ -115,6 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args and args[0] == "list":
             list_components(args[1:])
+        elif args and args[0] == "plot":
+            from gridtnp.plots import plot_main  # matplotlib only loads for this subcommand and the callback
+
+            plot_main(args[1:])
         elif args and args[0] == "data":
             from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand
 

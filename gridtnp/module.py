@@ -8,9 +8,10 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from torch import Tensor
-from torchmetrics import MeanMetric, MeanSquaredError
+from torch.distributions import Normal
 
 from gridtnp.data.batch import Batch
+from gridtnp.metrics import COVERAGE_METRICS, PHYSICAL_METRICS, PREDICTIVE_METRICS, evaluation_metrics, point_weights
 from gridtnp.models.neural_process import build_model, count_parameters
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
@@ -18,19 +19,19 @@ from gridtnp.registry import ConfigError
 Spec = dict[str, Any]
 
 
-class RootMeanMetric(MeanMetric):
-    """Square root of a (weighted) mean, e.g. an RMSE from squared errors; synchronised across ranks like the mean."""
-
-    def compute(self) -> Tensor:
-        return super().compute().sqrt()
-
-
 class NeuralProcessModule(L.LightningModule):
     """Trains a neural process by maximising the mean log-likelihood per target point.
 
-    Evaluation logs ``loglik`` and ``rmse`` (normalised units); with ``extras["target_scale"]`` ``[B]`` also
-    ``rmse_physical`` (errors times the scale), and with ``extras["coarse_sq_err"]`` (a baseline's per-task mean
-    squared normalised error, weighted by ``extras["num_targets"]``) ``baseline_rmse_physical``.
+    Validation and test log, under ``val/`` and ``test/`` (``gridtnp.metrics``; normalised units unless named
+    ``*_physical``): ``loglik`` (mean over tasks of the mean log-density per target point) and ``loglik_stderr``
+    (its standard error over tasks), ``rmse``, ``mae``, ``crps`` (Gaussian, closed form),
+    ``calibration_logdensity`` (mean log N(z; 0, 1) of the standardised errors, -1.419 when calibrated),
+    ``coverage_50`` and ``coverage_90`` (share of targets in the central 50 % / 90 % predictive intervals).
+    With ``extras["target_scale"]`` ``[B]``: ``rmse_physical``, ``mae_physical``, ``crps_physical`` (normalised
+    values times the scale); with ``extras["coarse_sq_err"]`` (a baseline's per-task mean squared normalised error,
+    weighted by ``extras["num_targets"]``) ``baseline_rmse_physical``; with ``extras["oracle_loglik"]`` ``[B]``
+    ``oracle_loglik``. Point metrics pool all target points of all tasks; ``cos_latitude_weighting`` weights each
+    point (also in ``loglik``, not in the training loss) by the cosine of its latitude ``x[..., latitude_dim]``.
 
     The model arguments are the five slots of ``gridtnp.models.build_model`` (each a mapping with a
     registered ``name``), the shared sizes, or a ``preset`` name whose slots they override.
@@ -53,6 +54,8 @@ class NeuralProcessModule(L.LightningModule):
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.
         lr_schedule: after the warm-up, ``"constant"``, or ``"cosine"`` decay to 0 at the end of the run
             (``trainer.max_steps``): steadier short runs.
+        cos_latitude_weighting: weight evaluation metrics by cos(latitude) (targets with latitude in degrees).
+        latitude_dim: the column of the target ``x`` that holds the latitude (used with ``cos_latitude_weighting``).
     """
 
     def __init__(
@@ -73,6 +76,8 @@ class NeuralProcessModule(L.LightningModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         lr_schedule: Literal["constant", "cosine"] = "constant",
+        cos_latitude_weighting: bool = False,
+        latitude_dim: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -95,19 +100,15 @@ class NeuralProcessModule(L.LightningModule):
         if lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"lr_schedule must be 'constant' or 'cosine'; got {lr_schedule!r}.")
         self.lr_schedule = lr_schedule
+        dim_x_model = self.model.dim_x
+        if cos_latitude_weighting and not -dim_x_model <= latitude_dim < dim_x_model:
+            raise ValueError(
+                f"cos_latitude_weighting: latitude_dim {latitude_dim} is not a column of the model's "
+                f"{dim_x_model}-dimensional inputs; give the index of the latitude (in degrees)."
+            )
+        self.latitude_dim = latitude_dim if cos_latitude_weighting else None
         self.metrics = torch.nn.ModuleDict(
-            {
-                stage: torch.nn.ModuleDict(
-                    {
-                        "loglik": MeanMetric(),
-                        "rmse": MeanSquaredError(squared=False),
-                        "oracle_loglik": MeanMetric(),
-                        "rmse_physical": RootMeanMetric(),
-                        "baseline_rmse_physical": RootMeanMetric(),
-                    }
-                )
-                for stage in ("val", "test")
-            }
+            {stage: torch.nn.ModuleDict(evaluation_metrics()) for stage in ("val", "test")}
         )
 
     @property
@@ -135,26 +136,34 @@ class NeuralProcessModule(L.LightningModule):
         return loss
 
     def _evaluate(self, batch: Batch, stage: str) -> None:
-        dist, loglik, valid = self._loglik(batch)
+        dist = self(batch)
+        if not isinstance(dist, Normal):
+            raise TypeError(
+                f"evaluation metrics need a Gaussian predictive (torch.distributions.Normal); the likelihood "
+                f"returned a {type(dist).__name__}."
+            )
+        target = batch.target
+        weight = point_weights(target.valid(), target.x, self.latitude_dim)  # [B, Nt]
+        mean, std, y = dist.mean, dist.stddev, target.y
         metrics = self.metrics[stage]
-        metrics["loglik"].update(loglik)
-        metrics["rmse"].update(dist.mean[valid], batch.target.y[valid].float())
-        logs = {f"{stage}/loglik": metrics["loglik"], f"{stage}/rmse": metrics["rmse"]}
+        names = [*PREDICTIVE_METRICS, *COVERAGE_METRICS]
+        for name in names:
+            metrics[name].update(mean, std, y, weight)
+        if "target_scale" in batch.extras:
+            scale = batch.extras["target_scale"]
+            for name in PHYSICAL_METRICS:
+                metrics[name].update(mean, std, y, weight, scale)
+            names += PHYSICAL_METRICS
+            if "coarse_sq_err" in batch.extras:
+                count = batch.extras.get("num_targets", torch.ones_like(scale)).float()
+                metrics["baseline_rmse_physical"].update(batch.extras["coarse_sq_err"] * scale.float().square(), count)
+                names.append("baseline_rmse_physical")
         if "oracle_loglik" in batch.extras:
             metrics["oracle_loglik"].update(batch.extras["oracle_loglik"])
-            logs[f"{stage}/oracle_loglik"] = metrics["oracle_loglik"]
-        if "target_scale" in batch.extras:
-            # Physical units: normalised errors times the task's scale, pooled over target points like `rmse`.
-            scale = batch.extras["target_scale"].float()
-            err = dist.mean[valid].float() - batch.target.y[valid].float()  # [P, Dy]
-            point_scale = scale.view(-1, 1).expand(valid.shape)[valid]  # [P]
-            metrics["rmse_physical"].update(err.square() * point_scale.square().unsqueeze(-1))
-            logs[f"{stage}/rmse_physical"] = metrics["rmse_physical"]
-            if "coarse_sq_err" in batch.extras:
-                weight = batch.extras.get("num_targets", torch.ones_like(scale)).float()
-                metrics["baseline_rmse_physical"].update(batch.extras["coarse_sq_err"].float() * scale.square(), weight)
-                logs[f"{stage}/baseline_rmse_physical"] = metrics["baseline_rmse_physical"]
-        self.log_dict(logs, prog_bar=stage == "val", batch_size=batch.batch_size)
+            names.append("oracle_loglik")
+        on_bar = ("loglik", "rmse") if stage == "val" else ()
+        for name in names:
+            self.log(f"{stage}/{name}", metrics[name], prog_bar=name in on_bar, batch_size=batch.batch_size)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val")

@@ -1,5 +1,6 @@
 """End to end: a tiny model learns, and the CLI trains from a recipe in a subprocess."""
 
+import json
 import os
 import subprocess
 import sys
@@ -91,6 +92,13 @@ def test_cli_fit_then_test_from_recipe(tmp_path):
     test = run_cli("test", *common, "--ckpt_path", str(last), cwd=tmp_path)
     assert test.returncode == 0, test.stderr[-3000:]
     assert "test/loglik" in test.stdout
+    record = json.loads((last.parent / "last.test_metrics.json").read_text())
+    assert record["checkpoint"] == str(last) and record["config"] == [str(recipe)]
+    metrics = record["metrics"]
+    assert {"loglik", "loglik_stderr", "rmse", "crps", "coverage_90", "oracle_loglik"} <= set(metrics)
+    assert f"test/crps  {metrics['crps']:.4f}".split() == next(
+        line.split() for line in test.stdout.splitlines() if line.startswith("test/crps ")
+    )
     assert list(tmp_path.rglob("events.out.tfevents*")), "TensorBoard logs were not written"
 
 

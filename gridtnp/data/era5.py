@@ -360,6 +360,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         self.splits: dict[str, _Split] = {}
 
     dim_x = 2
+    geographic = True  # x = (latitude, longitude) in degrees: plots draw maps
 
     @property
     def dim_y(self) -> dict[str, int]:

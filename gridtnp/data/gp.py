@@ -93,6 +93,29 @@ def jittered_cholesky(cov: Tensor, jitter: float, tries: int = 4) -> tuple[Tenso
     raise RuntimeError(f"Cholesky failed even with jitter {jitter / 10:g}; the covariance is not positive definite.")
 
 
+def posterior_predictive(
+    k_cc: Tensor, k_tc: Tensor, k_tt: Tensor, y_c: Tensor, mask_c: Tensor, noise_var: float
+) -> tuple[Tensor, Tensor]:
+    """Exact GP posterior predictive mean and variance of noisy observations at the targets, ``[B, T]`` each (float64).
+
+    ``k_cc [B, C, C]``, ``k_tc [B, T, C]``, ``k_tt [B, T]`` (the diagonal) are noise-free covariances, ``y_c [B, C]``
+    noisy observations with noise variance ``noise_var``. Padded context points (``mask_c`` False) are removed by
+    zeroing their covariances and putting 1 on their diagonal; an empty context gives the prior.
+    """
+    k_cc, k_tc, k_tt, y_c = (t.to(torch.float64) for t in (k_cc, k_tc, k_tt, y_c))
+    m = mask_c.to(torch.float64)
+    var = k_tt + noise_var
+    mean = torch.zeros_like(k_tt)
+    if k_cc.shape[-1] > 0:
+        cov = k_cc * m[:, :, None] * m[:, None, :] + torch.diag_embed(noise_var * m + (1.0 - m))
+        chol = torch.linalg.cholesky(cov)
+        v = torch.linalg.solve_triangular(chol, (k_tc * m[:, None, :]).transpose(-1, -2), upper=False)  # [B, C, T]
+        alpha = torch.linalg.solve_triangular(chol, (y_c * m)[..., None], upper=False)  # [B, C, 1]
+        mean = (v * alpha).sum(-2)
+        var = (var - v.square().sum(-2)).clamp_min(1e-12)
+    return mean, var
+
+
 def predictive_loglik(
     k_cc: Tensor,
     k_tc: Tensor,
@@ -105,22 +128,10 @@ def predictive_loglik(
 ) -> Tensor:
     """Mean over valid targets of the exact GP posterior predictive marginal log-density ``[B]``.
 
-    ``k_cc [B, C, C]``, ``k_tc [B, T, C]``, ``k_tt [B, T]`` (the diagonal) are noise-free covariances, ``y_c [B, C]``
-    and ``y_t [B, T]`` noisy observations with noise variance ``noise_var``. Padded context points (``mask_c``
-    False) are removed by zeroing their covariances and putting 1 on their diagonal; an empty context gives the prior.
+    Arguments as :func:`posterior_predictive`, plus the noisy target observations ``y_t [B, T]`` and ``mask_t``.
     """
-    k_cc, k_tc, k_tt, y_c, y_t = (t.to(torch.float64) for t in (k_cc, k_tc, k_tt, y_c, y_t))
-    m = mask_c.to(torch.float64)
-    var = k_tt + noise_var
-    mean = torch.zeros_like(y_t)
-    if k_cc.shape[-1] > 0:
-        cov = k_cc * m[:, :, None] * m[:, None, :] + torch.diag_embed(noise_var * m + (1.0 - m))
-        chol = torch.linalg.cholesky(cov)
-        v = torch.linalg.solve_triangular(chol, (k_tc * m[:, None, :]).transpose(-1, -2), upper=False)  # [B, C, T]
-        alpha = torch.linalg.solve_triangular(chol, (y_c * m)[..., None], upper=False)  # [B, C, 1]
-        mean = (v * alpha).sum(-2)
-        var = (var - v.square().sum(-2)).clamp_min(1e-12)
-    logp = -0.5 * (torch.log(2 * math.pi * var) + (y_t - mean).square() / var)
+    mean, var = posterior_predictive(k_cc, k_tc, k_tt, y_c, mask_c, noise_var)
+    logp = -0.5 * (torch.log(2 * math.pi * var) + (y_t.to(torch.float64) - mean).square() / var)
     valid = mask_t.to(torch.float64)
     return (logp * valid).sum(-1) / valid.sum(-1).clamp_min(1.0)
 
@@ -144,7 +155,9 @@ class GP1D:
     the periodic kernel uses the same ``l`` (in the standard form, see :func:`kernel`) and a period
     ``p ~ U[period_range]`` (default [0.5, 2]). Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
     (padded to the batch maximum), ``N_t = num_targets``; ``x_c ~ U[context_range]``, ``x_t ~ U[target_range]``.
-    ``extras["oracle_loglik"] [B]``: mean per-target log-density under the true GP posterior predictive.
+    ``extras["oracle_loglik"] [B]``: mean per-target log-density under the true GP posterior predictive; with it,
+    ``extras["kernel"]`` (index into ``kernels``, as a float), ``extras["lengthscale"]`` and ``extras["period"]``
+    ``[B]``, from which :meth:`posterior` gives the true posterior anywhere (for plots).
     """
 
     def __init__(
@@ -206,10 +219,35 @@ class GP1D:
         extras = {}
         if self.oracle:
             extras["oracle_loglik"] = joint_predictive_loglik(cov, y[..., 0], mask_c, self.noise**2)
+            extras.update(kernel=family.float(), lengthscale=lengthscale.float(), period=period.float())
         y = y.float()
         context = Observations(zero_padding(x[:, :nc], mask_c), zero_padding(y[:, :nc], mask_c), mask_c, "context")
         target = Observations(x[:, nc:], y[:, nc:], mask_t, "target")
         return Batch({DEFAULT_SOURCE: context}, target, extras)
+
+    def posterior(self, batch: Batch, x: Tensor) -> tuple[Tensor, Tensor] | None:
+        """True GP posterior predictive mean and std of noisy observations at ``x [B, Q, 1]`` given the batch's
+        context, ``[B, Q]`` each (float32); None when the batch does not carry its kernels (``oracle=False``)."""
+        if not {"kernel", "lengthscale", "period"} <= set(batch.extras):
+            return None
+        ctx = batch.context[DEFAULT_SOURCE]
+        family, lengthscale, period = (batch.extras[k].cpu() for k in ("kernel", "lengthscale", "period"))
+        family = family.round().long()  # extras are float32 by convention
+        xc, yc, mask = ctx.x.cpu().double(), ctx.y.cpu()[..., 0].double(), ctx.mask.cpu()
+        x = x.cpu().double()
+        joint = torch.cat([xc, x], 1)
+        cov = mixed_kernel_matrix(joint, family, lengthscale, period, self.kernels)
+        nc = xc.shape[1]
+        k_tt = cov[:, nc:, nc:].diagonal(dim1=-2, dim2=-1)
+        mean, var = posterior_predictive(
+            cov[:, :nc, :nc] + self.jitter * torch.eye(nc, dtype=cov.dtype),
+            cov[:, nc:, :nc],
+            k_tt,
+            yc,
+            mask,
+            self.noise**2,
+        )
+        return mean.float(), var.sqrt().float()
 
 
 class SKIGrid:

@@ -1,0 +1,117 @@
+"""Plots: figures are drawn and written, the true 1-D GP posterior, TensorBoard images and ``gridtnp plot``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch.distributions import Normal
+
+from gridtnp import NeuralProcessModule
+from gridtnp.cli import main
+from gridtnp.data import Batch, Observations, SyntheticDataModule
+from gridtnp.plots import PlotCallback, evaluation_figures, plot_map, plot_standardised_errors, regular_grid
+from gridtnp.registry import build_from_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG"
+
+
+def save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=50)
+    assert path.read_bytes()[:4] == PNG
+    return path
+
+
+def test_true_gp_posterior_reproduces_the_oracle_loglik() -> None:
+    task = build_from_spec("task", {"name": "gp1d"})
+    batch = task.sample(4, torch.Generator().manual_seed(3))
+    mean, std = task.posterior(batch, batch.target.x)
+    loglik = Normal(mean, std).log_prob(batch.target.y[..., 0]).mean(-1)
+    torch.testing.assert_close(loglik, batch.extras["oracle_loglik"], atol=2e-3, rtol=0)
+
+
+def test_gp1d_figures_with_the_true_posterior(tmp_path: Path) -> None:
+    task = build_from_spec("task", {"name": "gp1d"})
+    batch = task.sample(3, torch.Generator().manual_seed(0))
+    model = NeuralProcessModule(preset="cnp", dim=16).model
+    figures = evaluation_figures(model, batch, num_tasks=2, posterior=task.posterior)
+    assert set(figures) == {"standardised_errors", "task000", "task001"}
+    labels = [line.get_label() for line in figures["task000"].axes[0].get_lines()]
+    assert "true GP posterior" in labels and "model mean" in labels
+    for name, fig in figures.items():
+        save(fig, tmp_path / f"{name}.png")
+
+
+def test_regular_grid_detection() -> None:
+    lat, lon = np.meshgrid(np.arange(3.0), np.arange(4.0), indexing="ij")
+    x = np.stack([lat.ravel(), lon.ravel()], -1)[::-1]  # any order
+    rows, cols, flat = regular_grid(x)
+    assert len(rows) == 3 and len(cols) == 4
+    np.testing.assert_array_equal(rows[flat // 4], x[:, 0])
+    np.testing.assert_array_equal(cols[flat % 4], x[:, 1])
+    assert regular_grid(x[:-1]) is None
+    assert regular_grid(np.random.default_rng(0).random((12, 2))) is None
+
+
+def test_maps_for_gridded_and_scattered_targets(tmp_path: Path) -> None:
+    b = 2
+    lat, lon = torch.meshgrid(torch.linspace(50, 58, 9), torch.linspace(-10, 2, 13), indexing="ij")
+    grid_x = torch.stack([lat.flatten(), lon.flatten()], -1).expand(b, -1, -1)
+    stations = torch.rand(b, 30, 2) * torch.tensor([8.0, 12.0]) + torch.tensor([50.0, -10.0])
+    context = {
+        "grid": Observations(grid_x, torch.randn(b, 117, 1)),
+        "stations": Observations(stations[:, :10], torch.randn(b, 10, 1)),
+    }
+    for name, xt in (("scattered", stations[:, 10:]), ("gridded", grid_x)):
+        target = Observations(xt, torch.randn(b, xt.shape[1], 1))
+        batch = Batch(context, target)
+        mean, std = torch.randn_like(target.y), torch.rand_like(target.y) + 0.1
+        fig = plot_map(batch, mean, std, index=1, geographic=True)
+        titles = [ax.get_title() for ax in fig.axes]
+        assert "predictive std" in titles and "standardised error (target - mean) / std" in titles
+        assert "context 'stations' (10 points)" in titles
+        save(fig, tmp_path / f"{name}.png")
+    fig = plot_standardised_errors(torch.randn(1000))
+    assert "N(0, 1)" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    save(fig, tmp_path / "hist.png")
+
+
+def test_plot_callback_logs_tensorboard_images(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=4, train_batches=2, val_batches=1)
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=L.pytorch.loggers.TensorBoardLogger(tmp_path),
+        callbacks=[PlotCallback(every_n_validations=1, num_tasks=1)],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(NeuralProcessModule(preset="cnp", dim=16), data)
+    events = EventAccumulator(str(next(tmp_path.rglob("events.out.tfevents*")).parent))
+    events.Reload()
+    assert {"val_plots/task000", "val_plots/standardised_errors"} <= set(events.Tags()["images"])
+
+
+def test_gridtnp_plot_writes_pngs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    recipe = ROOT / "recipes" / "gp1d_cnp.yaml"
+    module = NeuralProcessModule(**yaml.safe_load(recipe.read_text())["model"]["init_args"])
+    ckpt = tmp_path / "model.ckpt"
+    torch.save({"state_dict": module.state_dict()}, ckpt)
+    out = tmp_path / "plots"
+    args = ["plot", "--config", str(recipe), "--ckpt_path", str(ckpt), "--out", str(out), "--num_tasks", "3"]
+    main([*args, "--data.init_args.test_batches", "2", "--data.init_args.batch_size", "2"])
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["test_standardised_errors.png", "test_task000.png", "test_task001.png", "test_task002.png"]
+    assert all((out / n).read_bytes()[:4] == PNG for n in names)
+    assert "4 files" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["plot", "--config", str(recipe), "--ckpt_path", str(tmp_path / "nope.ckpt"), "--out", str(out)])
