@@ -71,9 +71,11 @@ class GridTNPCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         from gridtnp.plots import PlotCallback
+        from gridtnp.predictions import PredictionWriter
 
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.add_lightning_class_args(PlotCallback, "plots")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.set_defaults(
             {"checkpoint.monitor": "val/loglik", "checkpoint.mode": "max", "checkpoint.save_last": True}
         )
@@ -82,6 +84,15 @@ class GridTNPCLI(LightningCLI):
         n = getattr(self.model, "num_parameters", None)
         if n is not None and self.trainer.is_global_zero:
             print(f"gridtnp: {type(self.model).__name__} with {n:,} trainable parameters")
+
+    def before_predict(self) -> None:
+        """Tell the prediction writer which recipe produced the run (recorded in the file's attributes)."""
+        from gridtnp.predictions import PredictionWriter
+
+        configs = [str(c) for c in self.config[self.subcommand].get("config") or []]
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, PredictionWriter):
+                callback.recipe = configs
 
     def after_test(self) -> None:
         """Print the test metrics as a table and write them to JSON next to the checkpoint (rank 0)."""

@@ -172,8 +172,12 @@ class NeuralProcessModule(L.LightningModule):
         self._evaluate(batch, "test")
 
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
+        """Predictive ``mean``, ``std`` ``[B, Nt, Dy]`` with the targets' ``x``, ``y``, ``mask`` and the batch's
+        extras (e.g. ``hour``), on the CPU, for ``gridtnp.predictions.PredictionWriter``."""
         dist = self(batch)
-        return {"mean": dist.mean, "std": dist.stddev, "mask": batch.target.mask}
+        target = batch.target
+        out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}
+        return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)

@@ -158,6 +158,10 @@ class TaskDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.eval_dataset("test"), shuffle=False, **self._loader_kwargs())
 
+    def predict_dataloader(self) -> DataLoader:
+        """``gridtnp predict`` runs over the fixed test set unless a subclass says otherwise."""
+        return self.test_dataloader()
+
 
 @register("datamodule", "synthetic")
 class SyntheticDataModule(TaskDataModule):

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 import torch
 import xarray as xr
+from torch.utils.data import DataLoader, Dataset
 
 from gridtnp.data.batch import Batch, Observations
-from gridtnp.data.datamodules import TaskDataModule, check_counts
+from gridtnp.data.datamodules import TaskDataModule, check_counts, generator_from
 from gridtnp.data.store import (
     DIMS,
     ChunkCache,
@@ -79,13 +80,28 @@ class StationReanalysisTask:
     def num_stations(self) -> int:
         return self.station_x.shape[0]
 
-    def sample(self, batch_size: int, generator: torch.Generator, split: _Split) -> Batch:
-        """``batch_size`` tasks at random hours of ``split``: context ``grid [B, G, Dy]`` and ``stations``, targets."""
+    def sample(
+        self,
+        batch_size: int,
+        generator: torch.Generator,
+        split: _Split,
+        pick: np.ndarray | None = None,
+        share: float | None = None,
+        target_x: np.ndarray | None = None,
+    ) -> Batch:
+        """``batch_size`` tasks at random hours of ``split``: context ``grid [B, G, Dy]`` and ``stations``, targets.
+
+        For predictions: ``pick [B]`` fixes the hours (indices into the split), ``share`` the stations' context
+        share, and ``target_x [P, 2]`` replaces the station targets by those points (values unknown: ``y = 0``);
+        with ``share`` and no ``target_x`` every station is a target, and ``extras["is_context"] [B, S]`` says
+        which were in the context.
+        """
         b, s = batch_size, self.num_stations
-        pick = torch.randint(len(split.target_time), (b,), generator=generator).numpy()
-        low, high = self.context_fraction
-        share = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64)
-        n_ctx = np.minimum(np.floor(share.numpy() * s).astype(np.int64), s - 1)  # at least one target
+        if pick is None:
+            pick = torch.randint(len(split.target_time), (b,), generator=generator).numpy()
+        low, high = self.context_fraction if share is None else (share, share)
+        share_b = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64)
+        n_ctx = np.minimum(np.floor(share_b.numpy() * s).astype(np.int64), s - 1)  # at least one target
         perm = torch.argsort(torch.rand(b, s, generator=generator), dim=1).numpy()  # [B, S] random station order
 
         t_target, t_grid = split.target_time[pick], split.grid_time[pick]
@@ -116,7 +132,7 @@ class StationReanalysisTask:
         width_c = max(int(n_ctx.max()), 1)
         idx_c = perm[:, :width_c]
         mask_c = (np.arange(width_c) < n_ctx[:, None]) & np.take_along_axis(station_ok, idx_c, 1)
-        if self.target == "held_out":
+        if self.target == "held_out" and share is None:
             width_t = s - int(n_ctx.min())
             pos = n_ctx[:, None] + np.arange(width_t)
             idx_t = np.take_along_axis(perm, np.minimum(pos, s - 1), 1)
@@ -140,13 +156,22 @@ class StationReanalysisTask:
                 "context['stations']",
             ),
         }
-        target = _observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
         extras = {
             "target_scale": torch.full((b,), float(self.station_std)),
-            "coarse_sq_err": torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32)),
-            "num_targets": torch.from_numpy(num_targets.astype(np.float32)),
             "hour": torch.from_numpy(t_target.astype(np.int64)),
         }
+        if target_x is not None:
+            p = len(target_x)
+            x_t = torch.from_numpy(np.ascontiguousarray(target_x, dtype=np.float32)).expand(b, p, 2)
+            target = _observations(x_t, np.zeros((b, p, 1), np.float32), np.ones((b, p), bool), "target")
+            return Batch(context, target, extras)
+        target = _observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
+        extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
+        extras["num_targets"] = torch.from_numpy(num_targets.astype(np.float32))
+        if share is not None:
+            is_context = np.zeros((b, s), dtype=bool)
+            np.put_along_axis(is_context, idx_c, mask_c, axis=1)
+            extras["is_context"] = torch.from_numpy(is_context)
         return Batch(context, target, extras)
 
 
@@ -164,6 +189,27 @@ class _SplitTask:
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         return self.task.sample(batch_size, generator, self.split)
+
+
+class _PredictSet(Dataset):
+    """Prediction batches of a ``StationReanalysisDataModule``: consecutive hours of its ``predict_split``."""
+
+    def __init__(self, dm: StationReanalysisDataModule) -> None:
+        self.task, self.split = dm.task, dm.splits[dm.predict_split]
+        self.batch_size, self.seed, self.share = dm.batch_size, dm.seed, dm.predict_context_fraction
+        points = dm.predict_points()
+        self.target_x = None
+        if points is not None:
+            lat, lon = np.meshgrid(*points, indexing="ij")
+            self.target_x = np.stack([lat.ravel(), lon.ravel()], -1)  # [H * W, 2]
+
+    def __len__(self) -> int:
+        return -(-len(self.split.target_time) // self.batch_size)
+
+    def __getitem__(self, index: int) -> Batch:
+        pick = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, len(self.split.target_time)))
+        generator = generator_from(self.seed, "predict", int(index))
+        return self.task.sample(len(pick), generator, self.split, pick, self.share, self.target_x)
 
 
 def default_cache_dir() -> Path:
@@ -296,6 +342,11 @@ class StationReanalysisDataModule(ERA5DataModule):
             latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
         stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
             required for stores without them.
+        predict_split: the split whose hours ``gridtnp predict`` covers, every hour in order.
+        predict_context_fraction: the stations' context share for predictions (default: the middle of
+            ``context_fraction``), drawn with a fixed seed.
+        predict_resolution: predict on a regular lat/lon grid of this spacing (degrees) over the store's box
+            instead of at the stations.
         unique_grid_points: keep one station per grid point (the first in the file). Two stations on one grid point
             have the same value, so one in the context would give the other away as a target; the embedded HadISD
             list has 9,159 distinct 0.25 degree points among its 9,957 stations.
@@ -325,6 +376,9 @@ class StationReanalysisDataModule(ERA5DataModule):
         convert_layout: bool = False,
         stats: dict[str, Sequence[float]] | None = None,
         unique_grid_points: bool = True,
+        predict_split: Literal["train", "val", "test"] = "test",
+        predict_context_fraction: float | None = None,
+        predict_resolution: float | None = None,
     ) -> None:
         dates = {"train": train_dates, "val": val_dates, "test": test_dates}
         super().__init__(
@@ -356,6 +410,16 @@ class StationReanalysisDataModule(ERA5DataModule):
         self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
         self.time_offset_hours = time_offset_hours
         self.cache_chunks, self.unique_grid_points = cache_chunks, unique_grid_points
+        if predict_context_fraction is not None and not 0.0 <= predict_context_fraction <= 1.0:
+            raise ConfigError(f"{where}: predict_context_fraction must be in [0, 1]; got {predict_context_fraction}.")
+        if predict_resolution is not None and predict_resolution <= 0:
+            raise ConfigError(
+                f"{where}: predict_resolution must be a positive spacing in degrees; got {predict_resolution}."
+            )
+        self.predict_split, self.predict_resolution = predict_split, predict_resolution
+        self.predict_context_fraction = (
+            sum(self.context_fraction) / 2 if predict_context_fraction is None else float(predict_context_fraction)
+        )
         self.task: StationReanalysisTask | None = None
         self.splits: dict[str, _Split] = {}
 
@@ -396,6 +460,10 @@ class StationReanalysisDataModule(ERA5DataModule):
                 f"{coverage(ds)}; need at least 2 (context and targets). Use a station file for this region."
             )
         kept = table[keep]
+        self.station_table = kept.reset_index(drop=True)
+        self.time_axis, self.box = ds.indexes["time"], (lat, lon)
+        self.units = str(ds[self.station_variable].attrs.get("units", ""))
+        self.long_name = str(ds[self.station_variable].attrs.get("long_name", self.station_variable))
         station_x = kept[["latitude", "longitude"]].to_numpy(np.float64)
         station_index = np.stack([kept["lat_index"].to_numpy(np.int64), kept["lon_index"].to_numpy(np.int64)])
 
@@ -430,6 +498,77 @@ class StationReanalysisDataModule(ERA5DataModule):
             self.context_fraction,
             self.target,
         )
+
+    def predict_points(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The ``predict_resolution`` grid over the store's box: ``(lat [H], lon [W])``, or None (stations)."""
+        if self.predict_resolution is None:
+            return None
+        lat, lon = self.box
+        r = self.predict_resolution
+        return np.arange(lat.min(), lat.max() + r / 2, r), np.arange(lon.min(), lon.max() + r / 2, r)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Every hour of ``predict_split`` in order, ``batch_size`` hours a batch, context drawn with a fixed seed."""
+        self.setup()
+        return DataLoader(_PredictSet(self), shuffle=False, **self._loader_kwargs())
+
+    def predictions_to_xarray(self, outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
+        """``gridtnp predict`` outputs -> ``mean``, ``std`` in physical units on ``(time, station)`` with station
+        coordinates (and ``observed``, ``is_context``), or on ``(time, latitude, longitude)``."""
+        mean = torch.cat([o["mean"][..., 0] for o in outputs]).double().numpy() * self.task.station_std
+        mean += self.task.station_mean
+        std = torch.cat([o["std"][..., 0] for o in outputs]).double().numpy() * self.task.station_std
+        time = self.time_axis[torch.cat([o["hour"] for o in outputs]).numpy()]
+        attrs = {"units": self.units}
+        name = self.long_name
+        points = self.predict_points()
+        if points is not None:
+            lat, lon = points
+            shape = (len(time), len(lat), len(lon))
+            dims, coords = ("time", "latitude", "longitude"), {"time": time, "latitude": lat, "longitude": lon}
+            data = {"mean": (dims, mean.reshape(shape)), "std": (dims, std.reshape(shape))}
+        else:
+            table = self.station_table
+            dims = ("time", "station")
+            coords = {
+                "time": time,
+                "station": np.arange(len(table)),
+                "latitude": ("station", table["latitude"].to_numpy(np.float64)),
+                "longitude": ("station", table["longitude"].to_numpy(np.float64)),
+            }
+            if "station_id" in table:
+                coords["station_id"] = ("station", table["station_id"].astype(str).to_numpy())
+            observed = torch.cat([o["y"][..., 0] for o in outputs]).double().numpy() * self.task.station_std
+            observed += self.task.station_mean
+            valid = torch.cat([o["mask"] for o in outputs]).numpy()
+            data = {
+                "mean": (dims, mean),
+                "std": (dims, std),
+                "observed": (
+                    dims,
+                    np.where(valid, observed, np.nan),
+                    {**attrs, "long_name": f"{name} (ERA5 at the station)"},
+                ),
+                "is_context": (
+                    dims,
+                    torch.cat([o["is_context"] for o in outputs]).numpy().astype(np.int8),
+                    {"long_name": "station was in the context set", "flag_values": [0, 1]},
+                ),
+            }
+        ds = xr.Dataset(data, coords=coords)
+        ds["mean"].attrs = {**attrs, "long_name": f"predictive mean of {name}"}
+        ds["std"].attrs = {**attrs, "long_name": f"predictive standard deviation of {name}"}
+        ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
+        ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
+        ds.attrs.update(
+            {
+                "Conventions": "CF-1.8",
+                "source": f"gridtnp predictions from the store {self.store_path()}",
+                "predict_split": self.predict_split,
+                "predict_context_fraction": self.predict_context_fraction,
+            }
+        )
+        return ds
 
     def split_task(self, name: str) -> _SplitTask:
         """The task generator of split ``name``, reading only that split's hours."""

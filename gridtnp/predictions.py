@@ -1,0 +1,204 @@
+"""Predictions as ``xarray.Dataset``: the ``gridtnp predict`` writer and a Python API for a user's own xarray data.
+
+``gridtnp predict --config recipe.yaml --ckpt_path last.ckpt [--predictions.path out.nc]`` runs the model over the
+DataModule's prediction batches and writes the predictive mean and standard deviation, in the data's physical
+units with CF attributes, as NetCDF (``.nc``) or Zarr (``.zarr``). The DataModule says how its batches map to
+coordinates (``predictions_to_xarray``); without that method the writer stores the raw tensors per task.
+
+In a notebook, ``predict(module, context, targets)`` does the same for xarray inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+from gridtnp.data.batch import Batch, Observations
+from gridtnp.registry import ConfigError
+
+Stats = tuple[float, float]
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes ``gridtnp predict``'s outputs as an ``xarray.Dataset`` to ``path`` (``.nc`` or ``.zarr``).
+
+    Args:
+        path: output file; default ``<log dir>/predictions.nc``. Under DDP each rank writes its own part,
+            ``<stem>.rank<r><suffix>``.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        super().__init__(write_interval="epoch")
+        if path is not None and Path(path).suffix not in (".nc", ".zarr"):
+            raise ConfigError(f"predictions.path {path!r}: expected a .nc (NetCDF) or .zarr file name.")
+        self.path = path
+        self.recipe: list[str] = []  # set by the CLI: the recipe file(s) used
+        self.written: Path | None = None
+
+    def write_on_epoch_end(self, trainer: Any, pl_module: Any, predictions: Sequence[Any], batch_indices: Any) -> None:
+        outputs = [p for group in _flatten(predictions) for p in ([group] if isinstance(group, dict) else group)]
+        if not outputs:
+            return
+        datamodule = trainer.datamodule
+        convert = getattr(datamodule, "predictions_to_xarray", None)
+        ds = convert(outputs) if convert is not None else raw_predictions(outputs)
+        ds.attrs["checkpoint"] = str(trainer.ckpt_path) if trainer.ckpt_path else "none (initial weights)"
+        ds.attrs["recipe"] = ", ".join(self.recipe) or "none"
+        for i, recipe in enumerate(self.recipe):
+            if os.path.isfile(recipe):
+                ds.attrs[f"recipe_text_{i}" if i else "recipe_text"] = Path(recipe).read_text()
+        ds.attrs["model"] = type(getattr(pl_module, "model", pl_module)).__name__
+        path = Path(self.path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.nc")
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        write_dataset(ds, path)
+        self.written = path
+        print(f"gridtnp: predictions written to {path}")
+
+
+def _flatten(predictions: Sequence[Any]) -> list[Any]:
+    """Lightning returns a list per dataloader when there are several; one list of batch outputs otherwise."""
+    if predictions and isinstance(predictions[0], list):
+        return [p for group in predictions for p in group]
+    return list(predictions)
+
+
+def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
+    """Write ``ds`` as NetCDF or Zarr (by suffix), replacing ``path`` only once the new file is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".zarr":
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        ds.to_netcdf(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def raw_predictions(outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
+    """Outputs of a DataModule without ``predictions_to_xarray``: ``mean``, ``std``, ``x`` on ``(task, point, ...)``
+    with padded points masked (NaN)."""
+    width = max(o["mean"].shape[1] for o in outputs)
+
+    def stack(key: str) -> np.ndarray:
+        parts = [
+            torch.nn.functional.pad(o[key].float(), (0, 0, 0, width - o[key].shape[1]), value=float("nan"))
+            for o in outputs
+        ]
+        return torch.cat(parts).numpy()
+
+    mask = torch.cat([torch.nn.functional.pad(o["mask"], (0, width - o["mask"].shape[1])) for o in outputs]).numpy()
+    mean, std, x = (np.where(mask[..., None], stack(k), np.nan) for k in ("mean", "std", "x"))
+    return xr.Dataset(
+        {
+            "mean": (("task", "point", "output"), mean, {"long_name": "predictive mean (normalised units)"}),
+            "std": (("task", "point", "output"), std, {"long_name": "predictive standard deviation (normalised)"}),
+            "x": (("task", "point", "input"), x, {"long_name": "target location"}),
+        },
+        attrs={"Conventions": "CF-1.8", "source": "gridtnp predictions"},
+    )
+
+
+def _template(obj: xr.DataArray | xr.Dataset, coords: Sequence[str]) -> xr.DataArray:
+    """A DataArray spanning ``obj``'s points: itself, its first variable, or its coordinates broadcast together."""
+    if isinstance(obj, xr.DataArray):
+        return obj
+    if obj.data_vars:
+        return obj[next(iter(obj.data_vars))]
+    missing = [c for c in coords if c not in obj.coords]
+    if missing:
+        raise ConfigError(f"predict: targets have no coordinate {', '.join(missing)}; have {', '.join(obj.coords)}.")
+    return xr.broadcast(*[obj[c] for c in coords])[0]
+
+
+def _points(template: xr.DataArray, coords: Sequence[str], what: str) -> np.ndarray:
+    """Locations ``[N, Dx]`` of every element of ``template`` (C order over its dims) from its ``coords``."""
+    missing = [c for c in coords if c not in template.coords]
+    if missing:
+        raise ConfigError(
+            f"predict: {what} has no coordinate {', '.join(missing)} (has {', '.join(map(str, template.coords))}); "
+            "pass coords=... naming the model's inputs in order."
+        )
+    grids = [template[c].broadcast_like(template).transpose(*template.dims).values.reshape(-1) for c in coords]
+    return np.stack(grids, -1).astype(np.float32)
+
+
+def _observations(
+    array: xr.DataArray, coords: Sequence[str], batch_dim: str | None, stats: Stats | None
+) -> Observations:
+    """One context source ``[B, N, 1]``: ``B`` entries along ``batch_dim`` (or 1), every other element a point."""
+    values = array.expand_dims("_task") if batch_dim is None else array.rename({batch_dim: "_task"})
+    values = values.transpose("_task", ...)
+    x = _points(values.isel(_task=0, drop=True), coords, f"context {array.name!r}")
+    y = values.values.reshape(values.sizes["_task"], -1).astype(np.float64)
+    if stats is not None:
+        y = (y - stats[0]) / stats[1]
+    xs = torch.from_numpy(x).expand(y.shape[0], -1, -1)
+    return Observations(xs, torch.from_numpy(y.astype(np.float32)).unsqueeze(-1))
+
+
+@torch.no_grad()
+def predict(
+    module: torch.nn.Module,
+    context: Mapping[str, xr.DataArray],
+    targets: xr.DataArray | xr.Dataset,
+    coords: Sequence[str] = ("latitude", "longitude"),
+    stats: Mapping[str, Stats] | None = None,
+    target_stats: Stats | None = None,
+    batch_dim: str | None = None,
+) -> xr.Dataset:
+    """Predictive ``mean`` and ``std`` at the points of ``targets``, given xarray context, as an ``xarray.Dataset``.
+
+    ``context`` maps each of the model's context sources to a DataArray of values (NaN = missing) whose ``coords``
+    (e.g. latitude and longitude, in the model's input order) locate every element: a gridded field
+    ``(latitude, longitude)`` or stations ``(station,)`` with latitude/longitude coordinates. ``targets`` is any
+    DataArray/Dataset with those coordinates; the result has its dims and coordinates. ``stats[source] = (mean,
+    std)`` normalise the context values and ``target_stats`` un-normalises the predictions (the statistics the
+    model was trained with, e.g. ``gridtnp.data.store.normalisation_stats``). ``batch_dim`` (e.g. ``"time"``),
+    present on every context array, gives one task per entry. ``module`` is a ``NeuralProcessModule`` or a
+    ``NeuralProcess``.
+    """
+    model = getattr(module, "model", module)
+    obs = {name: _observations(array, coords, batch_dim, (stats or {}).get(name)) for name, array in context.items()}
+    sizes = {o.x.shape[0] for o in obs.values()}
+    if len(sizes) != 1:
+        raise ConfigError(f"predict: the context sources have different numbers of tasks along {batch_dim!r}: {sizes}.")
+    b = sizes.pop()
+    template = _template(targets, coords)
+    xt = torch.from_numpy(_points(template, coords, "targets")).expand(b, -1, -1)
+    device = next(model.parameters()).device
+    batch = Batch(obs, Observations(xt)).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        dist = model(batch.context, batch.target.x)
+    finally:
+        model.train(was_training)
+    mean, std = dist.mean.float().cpu().numpy(), dist.stddev.float().cpu().numpy()  # [B, N, Dy]
+    if target_stats is not None:
+        mean, std = mean * target_stats[1] + target_stats[0], std * target_stats[1]
+    lead = [] if batch_dim is None else [batch_dim]
+    shape = [b] * bool(batch_dim) + [template.sizes[d] for d in template.dims]
+    dims = lead + list(template.dims)
+    data = {}
+    for name, values in (("mean", mean), ("std", std)):
+        for j in range(values.shape[-1]):
+            key = name if values.shape[-1] == 1 else f"{name}_{j}"
+            data[key] = (dims, values[..., j].reshape(shape))
+    out_coords = {k: v for k, v in template.coords.items() if set(v.dims) <= set(template.dims)}
+    first = next(iter(context.values()))
+    if batch_dim is not None and batch_dim in first.coords:
+        out_coords[batch_dim] = first[batch_dim].values
+    return xr.Dataset(data, coords=out_coords, attrs={"source": "gridtnp.predictions.predict"})

@@ -1,0 +1,138 @@
+"""Predictions as xarray: ``gridtnp predict`` on the ERA5 sample recipe, and the Python API on xarray inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from gridtnp import NeuralProcessModule
+from gridtnp.cli import GridTNPCLI
+from gridtnp.data.batch import Observations
+from gridtnp.predictions import predict, raw_predictions
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = str(ROOT / "recipes" / "era5_swin.yaml")
+
+
+def cli(*args: str) -> GridTNPCLI:
+    return GridTNPCLI(args=list(args))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-step ERA5 Swin-TNP checkpoint on the embedded sample (prepared into a temporary cache)."""
+    root = tmp_path_factory.mktemp("era5_predict")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GRIDTNP_CACHE", str(root / "cache"))
+    cli(
+        "fit", "--config", RECIPE, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
+        "--checkpoint.dirpath", str(root / "ckpt"), "--trainer.enable_progress_bar", "false",
+        "--plots.every_n_validations", "0", "--trainer.logger", "false",
+    )  # fmt: skip
+    yield root / "ckpt" / "last.ckpt"
+    mp.undo()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_predict_writes_station_predictions_with_units_and_provenance(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "stations.nc"
+    cli(
+        "predict", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--predictions.path", str(out),
+        "--data.init_args.batch_size", "48", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path),
+    )  # fmt: skip
+    with xr.open_dataset(out) as ds:
+        assert ds["mean"].dims == ("time", "station") and ds.sizes["time"] == 5 * 24  # 27-31 March, every hour
+        assert str(ds.time.values[0])[:13] == "2019-03-27T00" and str(ds.time.values[-1])[:13] == "2019-03-31T23"
+        assert ds["mean"].attrs["units"] == ds["std"].attrs["units"] == "K"
+        assert {"latitude", "longitude"} <= set(ds.coords) and ds["latitude"].dims == ("station",)
+        assert float(ds.latitude.min()) > 49.9 and float(ds.latitude.max()) < 58.1
+        assert float(ds["std"].min()) > 0 and np.isfinite(ds["mean"].values).all()
+        assert 250 < float(ds["observed"].mean()) < 290  # ERA5 t2m at the stations, in kelvin
+        share = float(ds["is_context"].mean())
+        assert 0.1 < share < 0.2  # the middle of the recipe's U[0, 0.3]
+        assert ds.attrs["checkpoint"] == str(checkpoint) and ds.attrs["recipe"] == RECIPE
+        assert "grid_encoder" in ds.attrs["recipe_text"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_predict_on_a_dense_grid_to_zarr(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "grid.zarr"
+    cli(
+        "predict", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--predictions.path", str(out),
+        "--data.init_args.predict_resolution", "0.5", "--data.init_args.predict_split", "val",
+        "--data.init_args.batch_size", "60", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path),
+    )  # fmt: skip
+    ds = xr.open_dataset(out, engine="zarr")
+    assert ds["mean"].dims == ("time", "latitude", "longitude") and ds.sizes["time"] == 5 * 24
+    np.testing.assert_allclose(ds.latitude.values, np.arange(50.0, 58.01, 0.5))
+    np.testing.assert_allclose(ds.longitude.values, np.arange(-10.0, 2.01, 0.5))
+    assert ds["mean"].attrs["units"] == "K" and np.isfinite(ds["mean"].values).all()
+
+
+def small_station_model() -> NeuralProcessModule:
+    return NeuralProcessModule(
+        dim_x=2, dim_y={"grid": 1, "stations": 1}, target_source="stations", dim=16,
+        encoder={"name": "mlp"}, grid_encoder={"name": "identity"}, processor={"name": "transformer", "layers": 1},
+        grid_decoder={"name": "cross_attention"}, likelihood={"name": "gaussian"},
+    )  # fmt: skip
+
+
+def test_python_api_round_trips_xarray_coordinates_and_matches_the_model() -> None:
+    torch.manual_seed(0)
+    module = small_station_model()
+    lat, lon, time = np.arange(50.0, 52.1, 1.0), np.arange(-2.0, 1.1, 1.0), np.array(["2019-03-01", "2019-03-02"])
+    rng = np.random.default_rng(0)
+    grid = xr.DataArray(
+        280 + rng.standard_normal((2, 3, 4)), dims=("time", "latitude", "longitude"),
+        coords={"time": time, "latitude": lat, "longitude": lon},
+    )  # fmt: skip
+    grid[0, 1, 1] = np.nan  # a missing cell: masked, not fed to the model
+    stations = xr.DataArray(
+        280 + rng.standard_normal((2, 5)), dims=("time", "station"),
+        coords={"time": time, "latitude": ("station", rng.uniform(50, 52, 5)),
+                "longitude": ("station", rng.uniform(-2, 1, 5)), "station_id": ("station", list("abcde"))},
+    )  # fmt: skip
+    targets = xr.Dataset(coords={"latitude": np.linspace(50, 52, 7), "longitude": np.linspace(-2, 1, 9)})
+    stats = {"grid": (280.0, 2.0), "stations": (280.0, 2.0)}
+    out = predict(module, {"grid": grid, "stations": stations}, targets, stats=stats, target_stats=(280.0, 2.0),
+                  batch_dim="time")  # fmt: skip
+    assert out["mean"].dims == ("time", "latitude", "longitude") and out["mean"].shape == (2, 7, 9)
+    np.testing.assert_array_equal(out.latitude.values, targets.latitude.values)
+    assert list(out.time.values) == list(time)
+
+    # The same tasks as tensors, straight through the model.
+    la, lo = np.meshgrid(lat, lon, indexing="ij")
+    xg = torch.tensor(np.stack([la.ravel(), lo.ravel()], -1), dtype=torch.float32).expand(2, -1, -1)
+    yg = torch.tensor((grid.values.reshape(2, -1, 1) - 280.0) / 2.0, dtype=torch.float32)
+    xs = torch.tensor(np.stack([stations.latitude.values, stations.longitude.values], -1), dtype=torch.float32)
+    ys = torch.tensor((stations.values[..., None] - 280.0) / 2.0, dtype=torch.float32)
+    tl, to = np.meshgrid(targets.latitude.values, targets.longitude.values, indexing="ij")
+    xt = torch.tensor(np.stack([tl.ravel(), to.ravel()], -1), dtype=torch.float32).expand(2, -1, -1)
+    module.eval()
+    with torch.no_grad():
+        context = {"grid": Observations(xg, yg), "stations": Observations(xs.expand(2, -1, -1), ys)}
+        dist = module.model(context, xt)
+    np.testing.assert_allclose(out["mean"].values.reshape(2, -1), dist.mean[..., 0].numpy() * 2.0 + 280.0, rtol=1e-5)
+    np.testing.assert_allclose(out["std"].values.reshape(2, -1), dist.stddev[..., 0].numpy() * 2.0, rtol=1e-5)
+
+    # Station targets: the output keeps the station dimension and its coordinates.
+    at_stations = predict(module, {"grid": grid.isel(time=0), "stations": stations.isel(time=0)}, stations.isel(time=0))
+    assert at_stations["mean"].dims == ("station",) and list(at_stations.station_id.values) == list("abcde")
+
+
+def test_raw_predictions_pad_to_the_widest_batch() -> None:
+    def output(n: int) -> dict[str, torch.Tensor]:
+        mask = torch.ones(2, n, dtype=torch.bool)
+        return {"mean": torch.zeros(2, n, 1), "std": torch.ones(2, n, 1), "x": torch.zeros(2, n, 2), "mask": mask}
+
+    outputs = [output(3), output(5)]
+    ds = raw_predictions(outputs)
+    assert ds["mean"].shape == (4, 5, 1) and np.isnan(ds["mean"].values[:2, 3:]).all()
+    assert np.isfinite(ds["mean"].values[2:]).all()
