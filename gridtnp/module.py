@@ -12,6 +12,7 @@ from torchmetrics import MeanMetric, MeanSquaredError
 from gridtnp.data.batch import Batch
 from gridtnp.models.neural_process import build_model, count_parameters
 from gridtnp.nn.likelihoods import log_likelihood
+from gridtnp.scaling import report_training_scale
 
 Spec = dict[str, Any]
 
@@ -157,6 +158,9 @@ class NeuralProcessModule(L.LightningModule):
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         dist = self(batch)
         return {"mean": dist.mean, "std": dist.stddev, "mask": batch.target.mask}
+
+    def on_fit_start(self) -> None:
+        report_training_scale(self.trainer, self.lr)
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
