@@ -104,7 +104,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
     after = [r for r in records[len(before_kill) :] if r["kind"] == "train"]
     assert after[0]["step"] == 5  # the first step after the checkpoint, not a replayed epoch
 
-    out, err = reference.communicate(timeout=300)
+    _, err = reference.communicate(timeout=300)
     assert reference.returncode == 0, err[-4000:]
     expected = train_steps(tmp_path / "ref_rec")
     got = train_steps(tmp_path / "rec")
@@ -117,3 +117,88 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
     assert sorted(val) == sorted(val_ref) == [5, 10]
     for step, metrics in val_ref.items():
         assert val[step]["val/loglik"] == pytest.approx(metrics["val/loglik"], abs=1e-6)
+
+
+def union_metrics(ckpt: Path, val_batches: int, batch_size: int) -> dict[str, float]:
+    """Validation log-likelihood and RMSE of a checkpoint's model over the whole validation set, in one process."""
+    module = NeuralProcessModule.load_from_checkpoint(ckpt, map_location="cpu")
+    module.eval()
+    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=batch_size, val_batches=val_batches, seed=0)
+    logliks, sq_err, count, tasks = [], 0.0, 0, []
+    with torch.no_grad():
+        for batch in data.val_dataloader():
+            dist = module(batch)
+            valid = batch.target.valid()
+            logliks.append(log_likelihood(dist, batch.target.y, valid))
+            sq_err += float((dist.mean[valid] - batch.target.y[valid]).double().square().sum())
+            count += int(valid.sum())
+            tasks.append(fingerprint(batch))
+    return {
+        "val/loglik": float(torch.cat(logliks).double().mean()),
+        "val/rmse": (sq_err / count) ** 0.5,
+        "tasks": tasks,
+    }
+
+
+def test_ddp_on_cpu_shards_tasks_and_reduces_metrics_over_the_union(tmp_path):
+    """Two gloo processes: disjoint training tasks per rank, each validation batch evaluated once, and the reduced
+    validation metrics equal the metrics of the final model over the whole validation set (3 batches on 2 ranks,
+    which Lightning's padded DistributedSampler would count one batch twice for)."""
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    command = fit_command(run_dir, records)
+    command += ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    command += ["--trainer.max_steps", "3", "--data.init_args.train_batches", "3", "--trainer.logger", "true"]
+    done = run(command, tmp_path, cli_env())
+    assert done.stdout.count("trainable parameters") == 1  # printed by rank 0 only
+    assert done.stdout.count("effective batch size 16 tasks per step = 8 per rank x 2 ranks x 1 accumulated") == 1
+    assert [p.name for p in (run_dir / "lightning_logs").iterdir()] == ["version_0"]  # one logger writes
+
+    ranks = [read_records(records, rank) for rank in (0, 1)]
+    train = [{r["task"] for r in recs if r["kind"] == "train"} for recs in ranks]
+    assert len(train[0]) == len(train[1]) == 3 and not train[0] & train[1]
+    val = [[r["task"] for r in recs if r["kind"] == "val"] for recs in ranks]
+    union = union_metrics(run_dir / "checkpoints" / "last.ckpt", val_batches=3, batch_size=8)
+    assert sorted(val[0] + val[1]) == sorted(union["tasks"]) and len(val[0]) == 2 and len(val[1]) == 1
+
+    for recs in ranks:
+        (metrics,) = [r["metrics"] for r in recs if r["kind"] == "val_metrics"]
+        assert metrics["val/loglik"] == pytest.approx(union["val/loglik"], rel=1e-5, abs=1e-5)
+        assert metrics["val/rmse"] == pytest.approx(union["val/rmse"], rel=1e-5)
+
+
+def test_slurm_sigusr1_saves_requeues_and_the_next_launch_resumes(tmp_path):
+    """Under SLURM (environment variables set), SIGUSR1 makes the run save a checkpoint and call
+    ``scontrol requeue <job id>`` (a stub on PATH records the call); relaunching the same command resumes there."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls.txt"
+    bin_dir.mkdir()
+    stub = bin_dir / "scontrol"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    stub.chmod(0o755)
+    slurm = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "gridtnp-test",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **slurm)
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", pause_at_step=3)
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for((records / "paused").exists, "the pause after step 3", proc)
+    proc.send_signal(signal.SIGUSR1)
+    hpc = run_dir / "hpc_ckpt_1.ckpt"
+    wait_for(lambda: calls.exists() and hpc.exists(), "the requeue", proc)
+    proc.kill()  # SLURM ends the job after the signal
+    proc.wait(timeout=60)
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert torch.load(hpc, weights_only=True)["global_step"] == 3
+
+    resumed = run(command, tmp_path, env)
+    assert f"resuming from {hpc} (global step 3)" in resumed.stdout
+    steps = [r["step"] for r in read_records(records) if r["kind"] == "train"]
+    assert steps == [1, 2, 3, *range(4, 13)]  # nothing redone, nothing skipped
