@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import random
-import warnings
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +28,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_warn
 
 PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
 CONFIG_NAME = "config.yaml"
@@ -160,15 +160,13 @@ def newest_valid_checkpoint(candidates: list[Path]) -> Path | None:
         reason = verify_checkpoint(path)
         if reason is None:
             if skipped:
-                warnings.warn(
-                    f"gridtnp: resuming from the previous checkpoint {path} instead of {skipped[0]}.", stacklevel=2
-                )
+                rank_zero_warn(f"gridtnp: resuming from the previous checkpoint {path} instead of {skipped[0]}.")
             return path
         skipped.append(str(path))
-        warnings.warn(f"gridtnp: skipping checkpoint {path}: {reason}.", stacklevel=2)
+        rank_zero_warn(f"gridtnp: skipping checkpoint {path}: {reason}.")
     if skipped:
         raise CheckpointError(
-            f"gridtnp: no readable checkpoint to resume from; every candidate is corrupt or truncated: {skipped}. "
+            f"no readable checkpoint to resume from; every candidate is corrupt or truncated: {skipped}. "
             "Delete them (or pick a file with --ckpt_path) to start over."
         )
     return None
@@ -199,7 +197,7 @@ def resume_checkpoint(
             directory = Path(ckpt_path).parent
             others = [str(p) for p in checkpoint_candidates([directory], None) if verify_checkpoint(p) is None]
             hint = f" Readable checkpoints in {directory}: {others}." if others else ""
-            raise CheckpointError(f"gridtnp: checkpoint {ckpt_path} is {reason}.{hint}")
+            raise CheckpointError(f"checkpoint {ckpt_path} is {reason}.{hint}")
     return ckpt_path
 
 

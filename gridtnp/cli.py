@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from gridtnp.checkpointing import Checkpoint, SaveConfig, checkpoint_step, resume_checkpoint
+from gridtnp.checkpointing import Checkpoint, CheckpointError, SaveConfig, checkpoint_step, resume_checkpoint
 from gridtnp.registry import KINDS, ConfigError, available, describe
 
 __all__ = ["Checkpoint", "GridTNPCLI", "main"]
@@ -71,6 +71,15 @@ class GridTNPCLI(LightningCLI):
             step = checkpoint_step(ckpt_path)
             print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
         config["ckpt_path"] = ckpt_path
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads an explicit --ckpt_path's hyperparameters while parsing: check the file first, so that
+        # a truncated or corrupt one is an error naming it rather than a zip-reader traceback.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path not in (None, "last"):
+            resume_checkpoint(ckpt_path, [], None)
+        super()._parse_ckpt_path()
 
 
 def trainer_defaults() -> dict[str, Any]:
@@ -129,11 +138,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
 
 
-def _find_config_error(err: BaseException | None) -> ConfigError | None:
-    """The first ``ConfigError`` in an exception's chain of causes and contexts."""
+def _find_config_error(err: BaseException | None) -> ConfigError | CheckpointError | None:
+    """The first ``ConfigError`` or ``CheckpointError`` in an exception's chain of causes and contexts."""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, ConfigError):
+        if isinstance(err, ConfigError | CheckpointError):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

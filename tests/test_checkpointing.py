@@ -151,3 +151,19 @@ def test_shard_sampler_covers_every_item_exactly_once(size, world):
     shards = [list(ShardSampler(range(size), world, rank)) for rank in range(world)]
     assert sorted(i for shard in shards for i in shard) == list(range(size))
     assert [len(ShardSampler(range(size), world, r)) for r in range(world)] == [len(s) for s in shards]
+
+
+def test_cli_names_a_corrupt_checkpoint_without_a_traceback(tmp_path, capsys):
+    from pathlib import Path
+
+    from gridtnp.cli import main
+
+    ckpt = tmp_path / "model.ckpt"
+    torch.save({"global_step": 1}, ckpt)
+    truncate(ckpt)
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "gp1d_cnp.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--config", str(recipe), "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"gridtnp: error: checkpoint {ckpt} is truncated" in err and "Traceback" not in err
