@@ -18,12 +18,12 @@ with the next batch of that epoch instead of replaying the epoch from its start.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from gridtnp.data.batch import Batch
@@ -153,10 +153,9 @@ class _EpochLoader(DataLoader):
         """Continue the stream after the last consumed batch of ``state``."""
         stream = self.dataset
         if state.get("seed", stream.seed) != stream.seed:
-            warnings.warn(
+            rank_zero_warn(
                 f"gridtnp: resuming with data seed {stream.seed}, the checkpoint's stream used {state['seed']}; "
-                "the remaining tasks are drawn with the new seed.",
-                stacklevel=2,
+                "the remaining tasks are drawn with the new seed."
             )
         epoch, consumed = int(state["epoch"]), int(state["consumed"])
         self._resume_at = (epoch + 1, 0) if consumed >= stream.num_batches else (epoch, consumed)
