@@ -29,10 +29,12 @@ demo: install
 	$(BIN)/gridtnp test --config $(DEMO_RECIPE) --trainer.default_root_dir $(DEMO_DIR) \
 		--ckpt_path $(DEMO_DIR)/checkpoints/last.ckpt
 
-## The test suite (fast tests only; under 10 minutes on 2 CPU cores).
+## The test suite (under 10 minutes on 2 CPU cores): the fast tests, then the scale-out tests, which launch
+## `gridtnp fit` in subprocesses (DDP with 2 CPU processes, a killed and resumed run, a SLURM requeue).
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m slow tests/test_scaleout.py
 
 ## Heavy checks excluded from the timed suite.
 test-slow: install

@@ -19,45 +19,31 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
 
+from gridtnp.checkpointing import Checkpoint, CheckpointError, SaveConfig, checkpoint_step, resume_checkpoint
 from gridtnp.registry import KINDS, ConfigError, available, describe
 
-
-class Checkpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` always holds the latest weights.
-
-    With a monitored metric, Lightning rewrites ``last.ckpt`` only when a new best is saved, so after a
-    validation loss that got worse "last" would silently be an older model. Here it is rewritten after every
-    validation and at the end of training (``trainer.save_checkpoint`` is collective; rank 0 writes).
-    """
-
-    def _write_last(self, trainer: L.Trainer) -> None:
-        if self.save_last and self.dirpath and not trainer.sanity_checking:
-            path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
-            self.last_model_path = path  # so Lightning's own "last" save overwrites it instead of adding last-v1
-            trainer.save_checkpoint(path)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_validation_end(trainer, pl_module)
-        self._write_last(trainer)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_end(trainer, pl_module)
-        self._write_last(trainer)
+__all__ = ["Checkpoint", "GridTNPCLI", "main"]
 
 
 class GridTNPCLI(LightningCLI):
     """LightningCLI for any ``NeuralProcessModule`` and ``LightningDataModule`` (``class_path`` in the recipe),
     with gridtnp's trainer defaults, a best/last checkpoint callback (``--checkpoint.*``), prediction plots logged to
-    TensorBoard (``--plots.*``, ``gridtnp.plots.PlotCallback``), the parameter count printed, and the test metrics
-    printed as a table and written to JSON."""
+    TensorBoard (``--plots.*``, ``gridtnp.plots.PlotCallback``), a prediction writer (``--predictions.*``), the
+    parameter count printed, and the test metrics printed as a table and written to JSON.
+
+    ``fit`` resumes from the newest readable checkpoint with ``--ckpt_path last``, and by itself when an explicitly
+    set ``--checkpoint.dirpath`` already holds checkpoints (a requeued job reruns the same command); the resolved
+    config is saved beside the checkpoints.
+    """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         from gridtnp.module import NeuralProcessModule
 
         kwargs.setdefault("trainer_defaults", trainer_defaults())
+        kwargs.setdefault("save_config_callback", SaveConfig)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(
             NeuralProcessModule,
@@ -77,13 +63,35 @@ class GridTNPCLI(LightningCLI):
         parser.add_lightning_class_args(PlotCallback, "plots")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.set_defaults(
-            {"checkpoint.monitor": "val/loglik", "checkpoint.mode": "max", "checkpoint.save_last": True}
+            {
+                "checkpoint.monitor": "val/loglik",
+                "checkpoint.mode": "max",
+                "checkpoint.save_last": True,
+                "checkpoint.last_every_n_steps": 1000,
+            }
         )
 
     def before_fit(self) -> None:
+        rank_zero = rank_zero_only.rank == 0  # the trainer's ranks are only set once fit starts
         n = getattr(self.model, "num_parameters", None)
-        if n is not None and self.trainer.is_global_zero:
+        if n is not None and rank_zero:
             print(f"gridtnp: {type(self.model).__name__} with {n:,} trainable parameters")
+        config = self.config_init[self.subcommand]
+        explicit_dirs = [cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+        ckpt_path = resume_checkpoint(config.get("ckpt_path"), explicit_dirs, self.trainer.default_root_dir)
+        if ckpt_path is not None and ckpt_path != config.get("ckpt_path") and rank_zero:
+            step = checkpoint_step(ckpt_path)
+            print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
+        config["ckpt_path"] = ckpt_path
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads an explicit --ckpt_path's hyperparameters while parsing: check the file first, so that
+        # a truncated or corrupt one is an error naming it rather than a zip-reader traceback.
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path not in (None, "last"):
+            resume_checkpoint(ckpt_path, [], None)
+        super()._parse_ckpt_path()
 
     def before_predict(self) -> None:
         """Tell the prediction writer which recipe produced the run (recorded in the file's attributes)."""
@@ -202,11 +210,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
 
 
-def _find_config_error(err: BaseException | None) -> ConfigError | None:
-    """The first ``ConfigError`` in an exception's chain of causes and contexts."""
+def _find_config_error(err: BaseException | None) -> ConfigError | CheckpointError | None:
+    """The first ``ConfigError`` or ``CheckpointError`` in an exception's chain of causes and contexts."""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, ConfigError):
+        if isinstance(err, ConfigError | CheckpointError):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

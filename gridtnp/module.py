@@ -15,6 +15,7 @@ from gridtnp.metrics import COVERAGE_METRICS, PHYSICAL_METRICS, PREDICTIVE_METRI
 from gridtnp.models.neural_process import build_model, count_parameters
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
+from gridtnp.scaling import report_training_scale
 
 Spec = dict[str, Any]
 
@@ -178,6 +179,9 @@ class NeuralProcessModule(L.LightningModule):
         target = batch.target
         out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
+
+    def on_fit_start(self) -> None:
+        report_training_scale(self.trainer, self.lr)
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)

@@ -179,9 +179,10 @@ def test_last_checkpoint_holds_the_final_weights(tmp_path):
     )
     trainer.fit(module, data)
     assert ckpt.best_model_path.endswith("step=2.ckpt")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=2.ckpt", "last.ckpt", "last.previous.ckpt"]
     last = torch.load(tmp_path / "last.ckpt", weights_only=False)
     assert last["global_step"] == 6
+    assert torch.load(tmp_path / "last.previous.ckpt", weights_only=False)["global_step"] == 4
     final = {k: v for k, v in module.state_dict().items()}
     for key, value in last["state_dict"].items():
         torch.testing.assert_close(value, final[key])

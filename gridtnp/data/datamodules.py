@@ -5,8 +5,14 @@ Seeding, so that a rerun with the same ``seed`` sees exactly the same data:
 * training batch ``i`` of epoch ``e`` on global rank ``r`` comes from a generator seeded with
   ``(seed, "train", r, e, i)``; dataloader worker ``w`` of ``W`` produces batches ``i = w, w + W, ...``, so ranks
   and workers draw distinct tasks, and the epoch's batches do not depend on the number of workers;
-* validation / test batch ``i`` comes from ``(seed, "val" | "test", i)``: fixed sets, identical on every rank and
-  for any number of workers (Lightning's DistributedSampler shards the indices across ranks).
+* validation / test batch ``i`` comes from ``(seed, "val" | "test", i)``: fixed sets, identical for any number of
+  workers; with several ranks, rank ``r`` of ``n`` evaluates batches ``r, r + n, ...`` (``ShardSampler``), so every
+  batch is evaluated exactly once and the metrics reduced across ranks equal the metrics over the whole set
+  (Lightning's default DistributedSampler would pad the shards by repeating batches).
+
+Resuming: the training loader is stateful (``state_dict`` / ``load_state_dict``, saved by Lightning in the
+checkpoint): it records the epoch and how many of its batches training has consumed, and a resumed run continues
+with the next batch of that epoch instead of replaying the epoch from its start.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from gridtnp.data.batch import Batch
 from gridtnp.data.tasks import Task
@@ -41,6 +48,7 @@ class TrainTaskStream(IterableDataset):
     def __init__(self, task: Task, batch_size: int, num_batches: int, seed: int = 0, rank: int = 0) -> None:
         self.task, self.batch_size, self.num_batches = task, batch_size, num_batches
         self.seed, self.rank, self.epoch = seed, rank, 0
+        self.start = 0  # first batch index of the next iteration: > 0 when resuming mid-epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the tasks of ``epoch`` on the next iteration."""
@@ -57,7 +65,7 @@ class TrainTaskStream(IterableDataset):
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         epoch = self.epoch
-        for index in range(worker, self.num_batches, workers):
+        for index in range(self.start + worker, self.num_batches, workers):
             yield self.task.sample(self.batch_size, self.generator(index, epoch))
 
 
@@ -77,24 +85,80 @@ class FixedTaskSet(Dataset):
         return self.task.sample(self.batch_size, generator_from(self.seed, self.split, int(index)))
 
 
+class ShardSampler(DistributedSampler):
+    """Rank ``r`` of ``n`` reads items ``r, r + n, ...``: each item exactly once over all ranks, without padding.
+
+    A ``DistributedSampler`` subclass so that Lightning keeps it instead of injecting its own, padded one; ranks may
+    get one item more than others, which is fine for evaluation (no gradient synchronisation).
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(self.dataset), self.num_replicas))
+
+
 class _EpochLoader(DataLoader):
-    """A DataLoader that tells its TrainTaskStream the epoch each time an iteration starts.
+    """A resumable DataLoader that tells its TrainTaskStream the epoch each time an iteration starts.
 
     Lightning only calls ``set_epoch`` on samplers, which an IterableDataset does not have. The epoch comes from
     ``epoch_fn`` (the trainer's ``current_epoch``), or counts iterations when that returns None. Workers are not
     persistent so each epoch's workers receive the updated dataset.
+
+    ``state_dict`` holds the epoch and ``consumed_fn()``, the number of its batches that training has finished
+    (Lightning prefetches, so the count of batches handed out would be ahead); after ``load_state_dict`` the next
+    iteration starts at the first unconsumed batch, or at the next epoch if that one was complete.
     """
 
-    def __init__(self, dataset: TrainTaskStream, epoch_fn: Callable[[], int | None], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: TrainTaskStream,
+        epoch_fn: Callable[[], int | None],
+        consumed_fn: Callable[[], int | None] = lambda: None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(dataset, **kwargs)
-        self._epoch_fn = epoch_fn
+        self._epoch_fn, self._consumed_fn = epoch_fn, consumed_fn
         self._iterations = 0
+        self._resume_at: tuple[int, int] | None = None  # (epoch, first batch) of the next iteration
 
     def __iter__(self) -> Any:
-        epoch = self._epoch_fn()
-        self.dataset.set_epoch(self._iterations if epoch is None else epoch)
-        self._iterations += 1
+        if self._resume_at is not None:
+            epoch, start = self._resume_at
+            self._resume_at = None
+        else:
+            epoch, start = self._epoch_fn(), 0
+            epoch = self._iterations if epoch is None else epoch
+        self.dataset.set_epoch(epoch)
+        self.dataset.start = start
+        self._iterations = epoch + 1
         return super().__iter__()
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the training stream stands: ``seed``, ``epoch``, batches ``consumed`` of ``num_batches``."""
+        consumed = self._consumed_fn()
+        stream = self.dataset
+        return {
+            "seed": int(stream.seed),
+            "epoch": int(stream.epoch),
+            "consumed": int(stream.start if consumed is None else consumed),
+            "num_batches": int(stream.num_batches),
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue the stream after the last consumed batch of ``state``."""
+        stream = self.dataset
+        if state.get("seed", stream.seed) != stream.seed:
+            rank_zero_warn(
+                f"gridtnp: resuming with data seed {stream.seed}, the checkpoint's stream used {state['seed']}; "
+                "the remaining tasks are drawn with the new seed."
+            )
+        epoch, consumed = int(state["epoch"]), int(state["consumed"])
+        self._resume_at = (epoch + 1, 0) if consumed >= stream.num_batches else (epoch, consumed)
 
 
 def check_counts(where: str, counts: list[tuple[str, object, int]]) -> None:
@@ -134,15 +198,24 @@ class TaskDataModule(L.LightningDataModule):
     def _rank(self) -> int:
         return int(getattr(self.trainer, "global_rank", 0) or 0)
 
+    def _world_size(self) -> int:
+        return int(getattr(self.trainer, "world_size", 1) or 1)
+
     def _epoch(self) -> int | None:
         return None if self.trainer is None else int(self.trainer.current_epoch)
+
+    def _consumed(self) -> int | None:
+        """Training batches of the current epoch whose step has finished (Lightning's progress counter)."""
+        if self.trainer is None:
+            return None
+        return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def train_dataset(self) -> TrainTaskStream:
         """The training stream of this process's global rank."""
         return TrainTaskStream(self.split_task("train"), self.batch_size, self.train_batches, self.seed, self._rank())
 
     def eval_dataset(self, split: str) -> FixedTaskSet:
-        """The fixed ``"val"`` or ``"test"`` set (the same on every rank)."""
+        """The whole fixed ``"val"`` or ``"test"`` set (the same on every rank; the loader shards it)."""
         num = self.val_batches if split == "val" else self.test_batches
         return FixedTaskSet(self.split_task(split), self.batch_size, num, self.seed, split)
 
@@ -150,13 +223,28 @@ class TaskDataModule(L.LightningDataModule):
         return {"batch_size": None, "num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
 
     def train_dataloader(self) -> DataLoader:
-        return _EpochLoader(self.train_dataset(), self._epoch, persistent_workers=False, **self._loader_kwargs())
+        return _EpochLoader(
+            self.train_dataset(), self._epoch, self._consumed, persistent_workers=False, **self._loader_kwargs()
+        )
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        """The ``"val"`` or ``"test"`` loader; with several ranks, this rank's shard (``ShardSampler``)."""
+        dataset, world = self.eval_dataset(split), self._world_size()
+        sampler = None
+        if world > 1:
+            if 0 < len(dataset) < world:
+                raise ConfigError(
+                    f"{type(self).__name__}: {split}_batches ({len(dataset)}) must be 0 or at least the number of "
+                    f"ranks ({world}), so that every rank evaluates a batch."
+                )
+            sampler = ShardSampler(dataset, world, self._rank())
+        return DataLoader(dataset, sampler=sampler, shuffle=False, **self._loader_kwargs())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.eval_dataset("val"), shuffle=False, **self._loader_kwargs())
+        return self.eval_dataloader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.eval_dataset("test"), shuffle=False, **self._loader_kwargs())
+        return self.eval_dataloader("test")
 
     def predict_dataloader(self) -> DataLoader:
         """``gridtnp predict`` runs over the fixed test set unless a subclass says otherwise."""

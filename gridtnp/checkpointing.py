@@ -1,0 +1,323 @@
+"""Fault-tolerant checkpoints: atomic writes, a kept previous version, integrity checks, resume resolution, RNG state.
+
+* ``AtomicCheckpointIO`` writes every checkpoint to a temporary file in the same directory, fsyncs it and renames it
+  into place, so a crash or pre-emption mid-write never leaves a half-written ``last.ckpt``. When it overwrites a
+  file (``last.ckpt``), the old version is kept as ``last.previous.ckpt``.
+* ``verify_checkpoint`` checks a file is a complete archive whose records match their CRC-32 (torch checkpoints are
+  zip archives), without unpickling it.
+* ``resume_checkpoint`` picks the newest readable checkpoint of a run (its checkpoint directories and Lightning's
+  SLURM ``hpc_ckpt_*.ckpt``), warning about, naming and skipping every corrupt or truncated file.
+* ``Checkpoint`` is gridtnp's ``ModelCheckpoint``: best-by-metric plus a ``last.ckpt`` that always holds the latest
+  state, rewritten every ``last_every_n_steps`` steps, at the end of each epoch and after each validation; it also
+  stores every rank's RNG states and restores them when training resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_warn
+
+PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
+CONFIG_NAME = "config.yaml"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with what was wrong and which file."""
+
+
+def previous_path(path: str | os.PathLike) -> Path:
+    """The file that keeps the version of ``path`` it replaced: ``last.ckpt`` -> ``last.previous.ckpt``."""
+    path = Path(path)
+    return path.with_name(path.stem + PREVIOUS + path.suffix)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory file descriptors
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, write: Any) -> None:
+    """Create ``path`` atomically: ``write(file)`` fills a temporary file beside it, which is then renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose saves are atomic (temporary file, fsync, rename) and keep the replaced version.
+
+    Remote paths (``s3://...``) fall back to Lightning's writer.
+    """
+
+    def __init__(self, keep_previous: bool = True) -> None:
+        super().__init__()
+        self.keep_previous = keep_previous
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            if self.keep_previous and path.exists():
+                os.replace(path, previous_path(path))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> str | None:
+    """``None`` if ``path`` is a complete torch checkpoint whose records match their CRC-32, else what is wrong."""
+    try:
+        if os.path.getsize(path) == 0:
+            return "empty file"
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except zipfile.BadZipFile as err:
+        return f"truncated or not a torch checkpoint archive ({err})"
+    except (OSError, EOFError, RuntimeError) as err:
+        return f"unreadable ({err})"
+    if bad is not None:
+        return f"corrupt record {bad!r} (CRC-32 mismatch)"
+    return None
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The ``global_step`` stored in a (verified) checkpoint; tensors are memory-mapped, not read."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:
+        return None
+    step = ckpt.get("global_step") if isinstance(ckpt, dict) else None
+    return int(step) if step is not None else None
+
+
+def _priority(path: Path) -> int:
+    """Tie-break between equally new files: last.ckpt, then SLURM's hpc checkpoints, then the rest."""
+    if path.name == "last.ckpt":
+        return 3
+    if path.name.startswith("hpc_ckpt_"):
+        return 2
+    return 0 if PREVIOUS in path.name else 1
+
+
+def checkpoint_candidates(
+    checkpoint_dirs: Iterable[str | os.PathLike], hpc_dir: str | os.PathLike | None
+) -> list[Path]:
+    """Every ``*.ckpt`` in ``checkpoint_dirs`` and ``hpc_ckpt_*.ckpt`` in ``hpc_dir``, newest first."""
+    found: set[Path] = set()
+    for directory in checkpoint_dirs:
+        if directory is not None and Path(directory).is_dir():
+            found.update(p for p in Path(directory).glob("*.ckpt") if p.is_file())
+    if hpc_dir is not None and Path(hpc_dir).is_dir():
+        found.update(p for p in Path(hpc_dir).glob("hpc_ckpt_*.ckpt") if p.is_file())
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, _priority(p)), reverse=True)
+
+
+def newest_valid_checkpoint(candidates: list[Path]) -> Path | None:
+    """The first readable checkpoint of ``candidates`` (newest first); each unreadable one is skipped with a warning.
+
+    Raises ``CheckpointError`` if there are candidates but none is readable (a run must not silently start over).
+    """
+    skipped: list[str] = []
+    for path in candidates:
+        reason = verify_checkpoint(path)
+        if reason is None:
+            if skipped:
+                rank_zero_warn(f"gridtnp: resuming from the previous checkpoint {path} instead of {skipped[0]}.")
+            return path
+        skipped.append(str(path))
+        rank_zero_warn(f"gridtnp: skipping checkpoint {path}: {reason}.")
+    if skipped:
+        raise CheckpointError(
+            f"no readable checkpoint to resume from; every candidate is corrupt or truncated: {skipped}. "
+            "Delete them (or pick a file with --ckpt_path) to start over."
+        )
+    return None
+
+
+def resume_checkpoint(
+    ckpt_path: str | os.PathLike | None,
+    checkpoint_dirs: list[str | os.PathLike],
+    root_dir: str | os.PathLike | None,
+) -> str | os.PathLike | None:
+    """The checkpoint ``fit`` should resume from.
+
+    * ``ckpt_path="last"``: the newest readable checkpoint in ``checkpoint_dirs`` or SLURM's ``hpc_ckpt_*.ckpt`` in
+      ``root_dir``; ``None`` (start fresh) if there is none.
+    * ``ckpt_path=None``: the same, automatically, when an explicitly configured checkpoint directory (the only ones
+      passed in ``checkpoint_dirs``) already holds checkpoints, or under SLURM when ``root_dir`` holds hpc ones.
+    * a file: checked, and an error naming it (and the readable alternatives) if it is corrupt or truncated.
+    * other special values (``"best"``, ``"hpc"``, ``"registry"``) are left to Lightning.
+    """
+    if ckpt_path is None or ckpt_path == "last":
+        hpc_dir = root_dir if (ckpt_path == "last" or SLURMEnvironment.detect()) else None
+        return newest_valid_checkpoint(checkpoint_candidates(checkpoint_dirs, hpc_dir))
+    if str(ckpt_path) in ("best", "hpc", "registry") or str(ckpt_path).startswith("registry:"):
+        return ckpt_path
+    if "://" not in str(ckpt_path) and os.path.isfile(ckpt_path):
+        reason = verify_checkpoint(ckpt_path)
+        if reason is not None:
+            directory = Path(ckpt_path).parent
+            others = [str(p) for p in checkpoint_candidates([directory], None) if verify_checkpoint(p) is None]
+            hint = f" Readable checkpoints in {directory}: {others}." if others else ""
+            raise CheckpointError(f"checkpoint {ckpt_path} is {reason}.{hint}")
+    return ckpt_path
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch, CUDA, numpy and Python RNG states, as types ``torch.load(weights_only=True)`` accepts."""
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
+        | {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore states from ``rng_state``."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _all_gather_objects(trainer: L.Trainer, obj: Any) -> list[Any]:
+    """``obj`` from every rank (a collective call), or ``[obj]`` when not distributed."""
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+    return [obj]
+
+
+class Checkpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` with a ``last.ckpt`` that always holds the latest state, written atomically.
+
+    With a monitored metric, Lightning rewrites ``last.ckpt`` only when a new best is saved, so after a validation
+    loss that got worse "last" would silently be an older model. Here it is rewritten after every validation, at the
+    end of every epoch and of training, and every ``last_every_n_steps`` optimiser steps (``trainer.save_checkpoint``
+    is collective; rank 0 writes). Saves go through ``AtomicCheckpointIO`` (installed at setup when the strategy
+    uses Lightning's default writer), so the replaced ``last.ckpt`` survives as ``last.previous.ckpt``. Every
+    rank's RNG states are stored and restored when training resumes.
+
+    Args:
+        last_every_n_steps: also rewrite ``last.ckpt`` every this many optimiser steps (``None``: only at epoch
+            ends, validations and the end of training).
+        **kwargs: ``ModelCheckpoint``'s arguments.
+    """
+
+    def __init__(self, *, last_every_n_steps: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if last_every_n_steps is not None and last_every_n_steps < 1:
+            raise ValueError(f"Checkpoint: last_every_n_steps must be >= 1 or None; got {last_every_n_steps}.")
+        self.last_every_n_steps = last_every_n_steps
+        self._last_written_step = -1
+        self._pending_rng: dict[str, Any] | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+    def _write_last(self, trainer: L.Trainer) -> None:
+        if self.save_last and self.dirpath and not trainer.sanity_checking:
+            path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+            self.last_model_path = path  # so Lightning's own "last" save overwrites it instead of adding last-v1
+            trainer.save_checkpoint(path)
+            self._last_written_step = trainer.global_step
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        """Lightning's own "last" save (after a new best) is skipped: ``_write_last`` owns ``last.ckpt``."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        n, step = self.last_every_n_steps, trainer.global_step
+        if n and step > 0 and step % n == 0 and step != self._last_written_step:
+            self._write_last(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if trainer.global_step != self._last_written_step:  # not already written by the epoch's validation
+            self._write_last(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if trainer.state.fn == "fit":
+            self._write_last(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if trainer.global_step != self._last_written_step:
+            self._write_last(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint["gridtnp_rng"] = _all_gather_objects(trainer, rng_state())
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("gridtnp_rng")
+        if states:
+            # Applied just before the first training batch, after Lightning has built its data iterators.
+            self._pending_rng = states[trainer.global_rank] if trainer.global_rank < len(states) else None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kw: Any) -> None:
+        if self._pending_rng is not None:
+            set_rng_state(self._pending_rng)
+            self._pending_rng = None
+
+
+class SaveConfig(SaveConfigCallback):
+    """LightningCLI's config saver that also writes the resolved config beside the checkpoints when fitting."""
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        text = self.parser.dump(self.config, skip_none=False).encode()
+        for callback in trainer.checkpoint_callbacks:
+            dirpath = getattr(callback, "dirpath", None)
+            if dirpath and "://" not in str(dirpath):
+                atomic_write_bytes(Path(dirpath) / CONFIG_NAME, lambda f: f.write(text))

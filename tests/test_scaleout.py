@@ -1,0 +1,204 @@
+"""Scale-out in subprocesses: DDP on CPU (gloo), a SIGKILLed run resumed, SLURM requeue on SIGUSR1.
+
+Each test launches ``gridtnp fit`` (a few CLI start-ups, about a minute in all on 2 busy cores), so they are marked
+``slow``; ``make test`` runs them in a second pytest invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gridtnp import NeuralProcessModule
+from gridtnp.data import SyntheticDataModule
+from gridtnp.nn.likelihoods import log_likelihood
+from tests.recording import fingerprint, read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def fit_command(run_dir: Path, records: Path, *extra: str, pause_at_step: int | None = None) -> list[str]:
+    """``gridtnp fit`` of a small CNP on 1-D GP tasks, recording losses and tasks into ``records``."""
+    callback = {"class_path": "tests.recording.Record", "init_args": {"out": str(records)}}
+    if pause_at_step is not None:
+        callback["init_args"]["pause_at_step"] = pause_at_step
+    return [
+        sys.executable, "-m", "gridtnp.cli", "fit",
+        "--config", str(ROOT / "recipes" / "gp1d_cnp.yaml"),
+        "--model.init_args.dim", "32",
+        "--trainer.default_root_dir", str(run_dir),
+        "--checkpoint.dirpath", str(run_dir / "checkpoints"),
+        "--checkpoint.last_every_n_steps", "2",
+        "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.num_sanity_val_steps", "0",
+        "--trainer.max_steps", "12",
+        "--data.init_args.batch_size", "8",
+        "--data.init_args.train_batches", "5",
+        "--data.init_args.val_batches", "3",
+        "--trainer.callbacks", json.dumps([callback]),
+        *extra,
+    ]  # fmt: skip
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done
+
+
+def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before {what}: {proc.stderr.read()[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def train_steps(records: Path, rank: int = 0) -> dict[int, dict]:
+    """Training records by global step (a resumed run overwrites the steps it redid)."""
+    return {r["step"]: r for r in read_records(records, rank) if r["kind"] == "train"}
+
+
+def test_sigkilled_run_resumes_from_its_last_checkpoint(tmp_path):
+    """Killed after its second checkpoint (step 4, mid-epoch), the relaunched command resumes at step 4 and its
+    losses and tasks match an uninterrupted run with the same seed (tolerance 1e-6: CPU float32 is deterministic)."""
+    env = cli_env()
+    reference = subprocess.Popen(
+        fit_command(tmp_path / "ref", tmp_path / "ref_rec"), cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    command = fit_command(tmp_path / "run", tmp_path / "rec", pause_at_step=4)
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for((tmp_path / "rec" / "paused").exists, "the pause after step 4", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    assert torch.load(ckpt_dir / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert torch.load(ckpt_dir / "last.previous.ckpt", weights_only=True)["global_step"] == 2
+    assert (ckpt_dir / "config.yaml").exists()
+    before_kill = train_steps(tmp_path / "rec")
+    assert sorted(before_kill) == [1, 2, 3, 4]
+
+    resumed = run(command, tmp_path, env)  # the same command: resumes by itself from the checkpoint directory
+    assert f"resuming from {ckpt_dir / 'last.ckpt'} (global step 4)" in resumed.stdout
+    records = read_records(tmp_path / "rec")
+    after = [r for r in records[len(before_kill) :] if r["kind"] == "train"]
+    assert after[0]["step"] == 5  # the first step after the checkpoint, not a replayed epoch
+
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err[-4000:]
+    expected = train_steps(tmp_path / "ref_rec")
+    got = train_steps(tmp_path / "rec")
+    assert sorted(got) == sorted(expected) == list(range(1, 13))
+    for step in expected:
+        assert got[step]["task"] == expected[step]["task"], f"step {step} trained on other tasks"
+        assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, (step, got[step], expected[step])
+    val = {r["step"]: r["metrics"] for r in read_records(tmp_path / "rec") if r["kind"] == "val_metrics"}
+    val_ref = {r["step"]: r["metrics"] for r in read_records(tmp_path / "ref_rec") if r["kind"] == "val_metrics"}
+    assert sorted(val) == sorted(val_ref) == [5, 10]
+    for step, metrics in val_ref.items():
+        assert val[step]["val/loglik"] == pytest.approx(metrics["val/loglik"], abs=1e-6)
+
+
+def union_metrics(ckpt: Path, val_batches: int, batch_size: int) -> dict[str, float]:
+    """Validation log-likelihood and RMSE of a checkpoint's model over the whole validation set, in one process."""
+    module = NeuralProcessModule.load_from_checkpoint(ckpt, map_location="cpu")
+    module.eval()
+    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=batch_size, val_batches=val_batches, seed=0)
+    logliks, sq_err, count, tasks = [], 0.0, 0, []
+    with torch.no_grad():
+        for batch in data.val_dataloader():
+            dist = module(batch)
+            valid = batch.target.valid()
+            logliks.append(log_likelihood(dist, batch.target.y, valid))
+            sq_err += float((dist.mean[valid] - batch.target.y[valid]).double().square().sum())
+            count += int(valid.sum())
+            tasks.append(fingerprint(batch))
+    return {
+        "val/loglik": float(torch.cat(logliks).double().mean()),
+        "val/rmse": (sq_err / count) ** 0.5,
+        "tasks": tasks,
+    }
+
+
+def test_ddp_on_cpu_shards_tasks_and_reduces_metrics_over_the_union(tmp_path):
+    """Two gloo processes: disjoint training tasks per rank, each validation batch evaluated once, and the reduced
+    validation metrics equal the metrics of the final model over the whole validation set (3 batches on 2 ranks,
+    which Lightning's padded DistributedSampler would count one batch twice for)."""
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    command = fit_command(run_dir, records)
+    command += ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    command += ["--trainer.max_steps", "3", "--data.init_args.train_batches", "3", "--trainer.logger", "true"]
+    done = run(command, tmp_path, cli_env())
+    assert done.stdout.count("trainable parameters") == 1  # printed by rank 0 only
+    assert done.stdout.count("effective batch size 16 tasks per step = 8 per rank x 2 ranks x 1 accumulated") == 1
+    assert [p.name for p in (run_dir / "lightning_logs").iterdir()] == ["version_0"]  # one logger writes
+
+    ranks = [read_records(records, rank) for rank in (0, 1)]
+    train = [{r["task"] for r in recs if r["kind"] == "train"} for recs in ranks]
+    assert len(train[0]) == len(train[1]) == 3 and not train[0] & train[1]
+    val = [[r["task"] for r in recs if r["kind"] == "val"] for recs in ranks]
+    union = union_metrics(run_dir / "checkpoints" / "last.ckpt", val_batches=3, batch_size=8)
+    assert sorted(val[0] + val[1]) == sorted(union["tasks"]) and len(val[0]) == 2 and len(val[1]) == 1
+
+    for recs in ranks:
+        (metrics,) = [r["metrics"] for r in recs if r["kind"] == "val_metrics"]
+        assert metrics["val/loglik"] == pytest.approx(union["val/loglik"], rel=1e-5, abs=1e-5)
+        assert metrics["val/rmse"] == pytest.approx(union["val/rmse"], rel=1e-5)
+
+
+def test_slurm_sigusr1_saves_requeues_and_the_next_launch_resumes(tmp_path):
+    """Under SLURM (environment variables set), SIGUSR1 makes the run save a checkpoint and call
+    ``scontrol requeue <job id>`` (a stub on PATH records the call); relaunching the same command resumes there."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls.txt"
+    bin_dir.mkdir()
+    stub = bin_dir / "scontrol"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    stub.chmod(0o755)
+    slurm = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "gridtnp-test",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }
+    env = cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **slurm)
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", pause_at_step=3)
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for((records / "paused").exists, "the pause after step 3", proc)
+    proc.send_signal(signal.SIGUSR1)
+    hpc = run_dir / "hpc_ckpt_1.ckpt"
+    wait_for(lambda: calls.exists() and hpc.exists(), "the requeue", proc)
+    proc.kill()  # SLURM ends the job after the signal
+    proc.wait(timeout=60)
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert torch.load(hpc, weights_only=True)["global_step"] == 3
+
+    resumed = run(command, tmp_path, env)
+    assert f"resuming from {hpc} (global step 3)" in resumed.stdout
+    steps = [r["step"] for r in read_records(records) if r["kind"] == "train"]
+    assert steps == [1, 2, 3, *range(4, 13)]  # nothing redone, nothing skipped
