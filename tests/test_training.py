@@ -1,5 +1,6 @@
 """End to end: a tiny model learns, and the CLI trains from a recipe in a subprocess."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from gridtnp import NeuralProcessModule
 from gridtnp.cli import GridTNPCLI, main
 from gridtnp.data import SyntheticDataModule
 from gridtnp.nn.likelihoods import log_likelihood
+from gridtnp.registry import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,3 +188,20 @@ def test_last_checkpoint_holds_the_final_weights(tmp_path):
     final = {k: v for k, v in module.state_dict().items()}
     for key, value in last["state_dict"].items():
         torch.testing.assert_close(value, final[key])
+
+
+def test_cosine_schedule_warms_up_then_decays_to_zero_at_max_steps():
+    module = NeuralProcessModule(preset="cnp", dim_x=1, dim_y=1, lr=1e-3, warmup_steps=10, lr_schedule="cosine")
+    module.trainer = L.Trainer(max_steps=110, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    config = module.configure_optimizers()
+    optimiser, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    rates = []
+    for _ in range(111):
+        rates.append(optimiser.param_groups[0]["lr"])
+        optimiser.step()
+        scheduler.step()
+    assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)  # linear warm-up over 10 steps
+    assert rates[60] == pytest.approx(0.5e-3) and rates[110] == pytest.approx(0.0, abs=1e-12)  # half-way, end
+    assert all(a >= b for a, b in itertools.pairwise(rates[9:]))
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        NeuralProcessModule(preset="cnp", dim_x=1, dim_y=1, lr_schedule="linear")
