@@ -326,7 +326,7 @@ class RelationalDecoder(nn.Module):
         encoder_layers: int = 3,
         decoder_layers: int = 2,
         rotation: bool = False,
-        max_pairs: int | None = 2**14,
+        max_pairs: int | None = DEFAULT_MAX_PAIRS,
     ) -> None:
         super().__init__()
         self.rotation, self.max_pairs = rotation, max_pairs
@@ -347,7 +347,7 @@ class RelationalDecoder(nn.Module):
             w = mask[:, None, :, None].to(h.dtype)
             return (h * w).sum(2) / w.sum(2).clamp_min(1.0)  # zeros for an empty context
 
-        pieces = map_query_chunks(chunk, xt.shape[1], nc, self.max_pairs)
+        pieces = map_query_chunks(chunk, xt.shape[1], xt.shape[0] * nc, self.max_pairs)
         r = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
         return self.readout(r)
 

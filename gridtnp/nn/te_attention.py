@@ -16,8 +16,9 @@ and location-free token initialisations is translation equivariant.
 
 Memory: ``rho`` runs on every (query, key) pair, so a naive implementation holds ``[B, Nq, Nk, rho_hidden]``
 activations, and for training all of them per layer. Here queries are processed in chunks of at most
-``max_pairs // Nk`` rows (at least one row), each chunk under ``torch.utils.checkpoint`` when gradients are needed,
-so forward and backward hold the pair tensors of one chunk at a time: ``O(max(max_pairs, Nk) * rho_hidden)``.
+``max_pairs // (B Nk)`` rows (at least one row), each chunk under ``torch.utils.checkpoint`` when gradients are
+needed, so forward and backward hold the pair tensors of one chunk at a time: ``O(max(max_pairs, B Nk) rho_hidden)``
+whatever ``Nq`` is.
 Each query row sees all keys, so the softmax is exact and results equal the unchunked computation up to float
 rounding. ``max_pairs=None`` is the naive, unchunked reference.
 """
@@ -37,12 +38,14 @@ from gridtnp.nn.attention import _attention_mask, mlp
 T = TypeVar("T")
 
 VARIANTS = ("post", "pre")
-#: Default bound on the (query, key) pairs held at once: ~0.7 KB per pair with the default rho, so ~45 MB.
+#: Default bound on the (batch item, query, key) triples held at once: ~0.7 KB each with the default rho (~45 MB).
 DEFAULT_MAX_PAIRS = 2**16
 
 
 def map_query_chunks(fn: Callable[[int, int], T], num_queries: int, num_keys: int, max_pairs: int | None) -> list[T]:
     """``[fn(start, end), ...]`` over query ranges of at most ``max(1, max_pairs // num_keys)`` rows.
+
+    ``num_keys`` is what one query row costs in pairs (``B * Nk`` for a batch).
 
     With more than one chunk and gradients enabled, each call runs under ``torch.utils.checkpoint`` (non-reentrant),
     so its intermediate tensors are recomputed in the backward pass instead of being stored. ``max_pairs=None``:
@@ -131,7 +134,7 @@ class TEAttention(nn.Module):
             km = None if key_mask is None else key_mask[:, rows] if key_mask.shape[1] > 1 else key_mask
             return self.attend(q[:, :, rows], k, v, xq[:, rows], xk, am, km)
 
-        pieces = map_query_chunks(chunk, nq, nk, self.max_pairs)
+        pieces = map_query_chunks(chunk, nq, q.shape[0] * nk, self.max_pairs)
         out = torch.cat([p[0] for p in pieces], dim=2) if len(pieces) > 1 else pieces[0][0]
         out = self.out(out.transpose(1, 2).flatten(-2))
         dx = None
