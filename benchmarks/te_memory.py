@@ -4,15 +4,15 @@
     python benchmarks/te_memory.py --device cuda --out benchmarks/results/te_memory_cuda.md
 
 The model is the ``te_tnp`` preset in 2-D with D_z = 128 and 5 layers (5 TE-MHSA blocks on the context, 5 TE-MHCA
-blocks into the targets; post variant, rho with 64 hidden units; 1.06 M parameters), random inputs in [-2, 2]^2,
+blocks into the targets; post variant, rho with 32 hidden units; 1.05 M parameters), random inputs in [-2, 2]^2,
 batch ``--batch-size``. For every N_c x N_t and pass (``forward``: eval mode under ``torch.no_grad()``;
 ``forward+backward``: ``-log p(y_t)`` and ``.backward()``), one configuration runs in its own subprocess: build the
 model and inputs, one warm-up call on a tiny input (lazy initialisation), then one measured call.
 
-* naive: ``max_pairs=None``, every layer materialises ``[B, N_q, N_k, 64]`` rho activations (and keeps them for
-  the backward pass); skipped where ``--naive-limit-gb`` says it would not fit (estimate: 0.75 KB per pair and
-  layer for forward+backward, 0.5 KB per pair of one layer for forward);
-* chunked: the default ``max_pairs`` (2^16 (batch, query, key) triples per chunk, each under
+* naive: ``max_pairs=None``, every layer materialises ``[B, N_q, N_k, 32]`` rho activations (and keeps them for
+  the backward pass); skipped where ``--naive-limit-gb`` says it would not fit (estimate: 0.5 KB per pair and
+  layer for forward+backward, 0.4 KB per pair of one layer for forward);
+* chunked: the default ``max_pairs`` (65,536 (batch, query, key) triples per chunk, each under
   ``torch.utils.checkpoint`` when gradients are needed).
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated()`` above what was allocated before the call; on the CPU the
@@ -45,7 +45,7 @@ from gridtnp import Observations, count_parameters, create_model
 from gridtnp.nn.te_attention import DEFAULT_MAX_PAIRS
 
 ROOT = Path(__file__).resolve().parent.parent
-NAIVE_BYTES_PER_PAIR = {"forward": 512, "forward+backward": 768}
+NAIVE_BYTES_PER_PAIR = {"forward": 400, "forward+backward": 512}
 
 
 def build(version: str, dim: int, layers: int) -> torch.nn.Module:

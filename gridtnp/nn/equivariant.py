@@ -103,7 +103,7 @@ class TETransformerProcessor(nn.Module):
         mlp_dim: int = 128,
         variant: str = "post",
         rotation: bool = False,
-        rho_hidden: int = 64,
+        rho_hidden: int = 32,
         update_locations: bool = False,
         max_pairs: int | None = DEFAULT_MAX_PAIRS,
     ) -> None:
@@ -147,7 +147,7 @@ class TEPerceiverProcessor(nn.Module):
         mlp_dim: int = 128,
         variant: str = "post",
         rotation: bool = False,
-        rho_hidden: int = 64,
+        rho_hidden: int = 32,
         update_locations: bool = False,
         max_pairs: int | None = DEFAULT_MAX_PAIRS,
     ) -> None:
@@ -209,7 +209,7 @@ class TECrossAttentionDecoder(nn.Module):
         mlp_dim: int = 128,
         variant: str = "post",
         rotation: bool = False,
-        rho_hidden: int = 64,
+        rho_hidden: int = 32,
         update_locations: bool = False,
         max_pairs: int | None = DEFAULT_MAX_PAIRS,
     ) -> None:
@@ -239,7 +239,7 @@ class TENeighbourCrossAttentionBlock(CrossAttentionBlock):
         mlp_dim: int = 128,
         variant: str = "post",
         rotation: bool = False,
-        rho_hidden: int = 64,
+        rho_hidden: int = 32,
     ) -> None:
         super().__init__(dim, heads, head_dim, mlp_dim)
         self.attn = TEAttention(dim, dim_x, heads, head_dim, variant, rotation, rho_hidden)  # type: ignore[assignment]
@@ -286,7 +286,7 @@ class TEKNNDecoder(KNNDecoder):
         dim_x: int | None = None,
         variant: str = "post",
         rotation: bool = False,
-        rho_hidden: int = 64,
+        rho_hidden: int = 32,
     ) -> None:
         super().__init__(grid, dim, k, layers, heads, head_dim, mlp_dim, dim_x=dim_x)
         rel_dim = dim_x if dim_x is not None else (grid.ndim if grid is not None else None)

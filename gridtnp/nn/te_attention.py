@@ -38,7 +38,7 @@ from gridtnp.nn.attention import _attention_mask, mlp
 T = TypeVar("T")
 
 VARIANTS = ("post", "pre")
-#: Default bound on the (batch item, query, key) triples held at once: ~0.7 KB each with the default rho (~45 MB).
+#: Default bound on the (batch item, query, key) triples held at once: ~0.5 KB each with the default rho (~30 MB).
 DEFAULT_MAX_PAIRS = 2**16
 
 
@@ -93,7 +93,7 @@ class TEAttention(nn.Module):
         head_dim: int = 16,
         variant: str = "post",
         rotation: bool = False,
-        rho_hidden: int = 64,
+        rho_hidden: int = 32,
         rho_layers: int = 2,
         update_locations: bool = False,
         max_pairs: int | None = DEFAULT_MAX_PAIRS,
