@@ -130,8 +130,10 @@ class Sawtooth2D(_Sawtooth):
 
 @register("task", "sawtooth2d_restricted")
 class Sawtooth2DRestricted(Sawtooth2D):
-    """2-D sawtooth waves along the diagonals only (``d = ±(1, 1)/sqrt2, ±(1, -1)/sqrt2``); ``test_rotated=True``
-    draws any direction (the rotated test tasks)."""
+    """2-D sawtooth waves along the diagonals only (``d = ±(1, 1)/sqrt2, ±(1, -1)/sqrt2``); rotated test variants.
+
+    ``test_rotated=True`` draws any direction, ``rotation`` turns the diagonals by a fixed angle (degrees).
+    """
 
     name = "sawtooth2d_restricted"
 

@@ -267,11 +267,13 @@ class TENeighbourCrossAttentionBlock(CrossAttentionBlock):
 
 @register("grid_decoder", "te_knn")
 class TEKNNDecoder(KNNDecoder):
-    """k-NN grid decoder with TE attention: each target attends to its ``k`` nearest grid tokens, the attention logit
-    an MLP of the per-head dot product and the offset ``(x_t - g) / spacing`` (wrapped along rolled dimensions).
+    """k-NN grid decoder with TE attention: logits are an MLP of dot products and target-to-grid-point offsets.
+
+    Each target attends to its ``k`` nearest grid tokens; the offsets are ``(x_t - g) / spacing`` (wrapped along
+    rolled dimensions), so only where a grid point lies relative to the target matters, not where the target is.
 
     Same neighbour search as ``knn`` (``O(N_t k)``), one block per processor state; ``variant``, ``rotation``
-    (rho sees the offset's length) and ``rho_hidden`` as in ``TEAttention``.
+    (rho sees the offset's length, in grid spacings) and ``rho_hidden`` as in ``TEAttention``.
     """
 
     def __init__(
@@ -311,8 +313,9 @@ class TEKNNDecoder(KNNDecoder):
 
 @register("grid_decoder", "relational")
 class RelationalDecoder(nn.Module):
-    """Simple RCNP (Huang et al., 2023): ``r_t = mean_n MLP(cat[x_t - x_n, z_n])`` over the valid context, then
-    ``MLP(r_t)`` ``[B, Nt, D]``; reads the final state's set ``(tokens [B, N, D], x, mask)`` and ignores ``zt``.
+    """Simple RCNP (Huang et al., 2023): ``MLP(mean_n MLP(cat[x_t - x_n, z_n]))`` over the valid context points.
+
+    Reads the final state's set ``(tokens [B, N, D], x, mask)``, ignores ``zt``, returns ``[B, Nt, D]``.
 
     Translation equivariant (``rotation=True``: the MLP sees ``||x_t - x_n||``, rotation equivariant too). The
     ``[B, Nt, N, hidden]`` pair activations are built ``max_pairs`` (target, context) pairs at a time.

@@ -61,8 +61,11 @@ def _set(state: Latent) -> tuple[Tensor, Tensor]:
 
 @register("grid_decoder", "joint_self_attention")
 class JointSelfAttentionDecoder(nn.Module):
-    """MSA: ``blocks`` MHSA + MLP blocks over ``cat[context tokens, target tokens]`` (padded context masked as keys);
-    returns the target part ``[B, Nt, D]``. Reads the final state (use processor ``identity``)."""
+    """MSA: ``blocks`` MHSA + MLP blocks over the context and target tokens together; returns the targets' part.
+
+    ``cat[context [B, N, D], targets [B, Nt, D]]`` with padded context points masked as keys -> ``[B, Nt, D]``.
+    Reads the final state (use processor ``identity``).
+    """
 
     targets_interact = True
 
