@@ -350,7 +350,7 @@ class RelationalDecoder(nn.Module):
             w = mask[:, None, :, None].to(h.dtype)
             return (h * w).sum(2) / w.sum(2).clamp_min(1.0)  # zeros for an empty context
 
-        pieces = map_query_chunks(chunk, xt.shape[1], xt.shape[0] * nc, self.max_pairs)
+        pieces = map_query_chunks(chunk, xt.shape[1], xt.shape[0] * nc, self.max_pairs, cpu=z.device.type == "cpu")
         r = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
         return self.readout(r)
 

@@ -25,6 +25,9 @@ rounding. ``max_pairs=None`` is the naive, unchunked reference.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -42,14 +45,43 @@ VARIANTS = ("post", "pre")
 DEFAULT_MAX_PAIRS = 2**16
 
 
-def map_query_chunks(fn: Callable[[int, int], T], num_queries: int, num_keys: int, max_pairs: int | None) -> list[T]:
+#: On the CPU, freed heap pages are handed back to the OS after every this many chunks (see ``release_cpu_memory``).
+RELEASE_EVERY = 16
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` where the C library has it (Linux), else None."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def release_cpu_memory() -> None:
+    """Return freed heap pages to the OS (glibc ``malloc_trim(0)``; a no-op elsewhere).
+
+    glibc raises its mmap threshold once a large block has been freed, so the next chunks' tensors of a few MB come
+    from the heap, and small long-lived allocations made between chunks (outputs, autograd nodes) fragment it: freed
+    chunk buffers then stay resident and the process's memory grows with the number of chunks although the live
+    tensors do not. Trimming every ``RELEASE_EVERY`` chunks keeps the resident size bounded.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def map_query_chunks(
+    fn: Callable[[int, int], T], num_queries: int, num_keys: int, max_pairs: int | None, cpu: bool = False
+) -> list[T]:
     """``[fn(start, end), ...]`` over query ranges of at most ``max(1, max_pairs // num_keys)`` rows.
 
     ``num_keys`` is what one query row costs in pairs (``B * Nk`` for a batch).
 
     With more than one chunk and gradients enabled, each call runs under ``torch.utils.checkpoint`` (non-reentrant),
     so its intermediate tensors are recomputed in the backward pass instead of being stored. ``max_pairs=None``:
-    one call, no checkpoint.
+    one call, no checkpoint. With ``cpu``, ``release_cpu_memory`` runs every ``RELEASE_EVERY`` chunks, in the
+    forward pass and in the backward pass's recomputation alike.
     """
     if max_pairs is not None and max_pairs < 1:
         raise ValueError(f"max_pairs must be >= 1 or None (unchunked); got {max_pairs}.")
@@ -57,14 +89,20 @@ def map_query_chunks(fn: Callable[[int, int], T], num_queries: int, num_keys: in
     step = max(step, 1)
     if step >= num_queries:
         return [fn(0, num_queries)]
+
+    def run(start: int, end: int) -> T:
+        if cpu and (start // step) % RELEASE_EVERY == RELEASE_EVERY - 1:
+            release_cpu_memory()
+        return fn(start, end)
+
     use_checkpoint = torch.is_grad_enabled()
     out = []
     for start in range(0, num_queries, step):  # a loop over chunks of queries, not over points
         end = min(start + step, num_queries)
         if use_checkpoint:
-            out.append(checkpoint(fn, start, end, use_reentrant=False, preserve_rng_state=False))
+            out.append(checkpoint(run, start, end, use_reentrant=False, preserve_rng_state=False))
         else:
-            out.append(fn(start, end))
+            out.append(run(start, end))
     return out
 
 
@@ -134,7 +172,7 @@ class TEAttention(nn.Module):
             km = None if key_mask is None else key_mask[:, rows] if key_mask.shape[1] > 1 else key_mask
             return self.attend(q[:, :, rows], k, v, xq[:, rows], xk, am, km)
 
-        pieces = map_query_chunks(chunk, nq, q.shape[0] * nk, self.max_pairs)
+        pieces = map_query_chunks(chunk, nq, q.shape[0] * nk, self.max_pairs, cpu=q.device.type == "cpu")
         out = torch.cat([p[0] for p in pieces], dim=2) if len(pieces) > 1 else pieces[0][0]
         out = self.out(out.transpose(1, 2).flatten(-2))
         dx = None
