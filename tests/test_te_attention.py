@@ -133,3 +133,16 @@ def test_te_knn_decoder_is_equivariant_to_moving_grid_and_targets():
     torch.testing.assert_close(out_moved, out, atol=1e-5, rtol=1e-5)
     nudged = decoder(states, zt, xt + 0.05)  # same neighbours, different offsets
     assert not torch.allclose(nudged, out, atol=1e-4)
+
+
+def test_cpu_chunks_release_freed_memory_periodically(monkeypatch):
+    """Every RELEASE_EVERY-th chunk on the CPU hands freed heap pages back (glibc keeps them resident otherwise)."""
+    from gridtnp.nn import te_attention
+
+    calls = []
+    monkeypatch.setattr(te_attention, "release_cpu_memory", lambda: calls.append(1))
+    n = 3 * te_attention.RELEASE_EVERY + 1
+    map_query_chunks(lambda s, e: s, num_queries=n, num_keys=1, max_pairs=1, cpu=True)
+    assert len(calls) == 3
+    map_query_chunks(lambda s, e: s, num_queries=n, num_keys=1, max_pairs=1, cpu=False)
+    assert len(calls) == 3

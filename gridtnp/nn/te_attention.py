@@ -20,7 +20,8 @@ activations, and for training all of them per layer. Here queries are processed 
 needed, so forward and backward hold the pair tensors of one chunk at a time: ``O(max(max_pairs, B Nk) rho_hidden)``
 whatever ``Nq`` is.
 Each query row sees all keys, so the softmax is exact and results equal the unchunked computation up to float
-rounding. ``max_pairs=None`` is the naive, unchunked reference.
+rounding. ``max_pairs=None`` is the naive, unchunked reference. On the CPU, freed heap pages are returned to the OS
+every few chunks (``release_cpu_memory``), so that the process's resident memory stays bounded too.
 """
 
 from __future__ import annotations
