@@ -28,7 +28,6 @@ import csv
 import datetime as dt
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forward_time import PeakMemory, git_commit
+from forward_time import PeakMemory, device_name, git_commit
 
 from gridtnp import Observations, count_parameters, create_model
 from gridtnp.nn.te_attention import DEFAULT_MAX_PAIRS
@@ -189,7 +188,7 @@ def main() -> None:
                     rows.append(row)
 
     method = next((r["method"] for r in rows if r.get("method")), "")
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({platform.processor()})"
+    device = device_name(torch.device(args.device))
     keys = ["version", "passes", "num_context", "num_targets", "peak_mib", "process_peak_rss_mib", "seconds", "note"]
     header = [
         "# TE attention memory: naive vs chunked (TE-TNP, 2-D, D_z = 128, 5 layers)",
