@@ -263,6 +263,8 @@ class SyntheticDataModule(TaskDataModule):
         test_batches: batches in the fixed test set.
         seed: base seed for every split.
         num_workers: dataloader worker processes.
+        test_task: the test split's task when it differs from ``task`` (a shifted or rotated test set); it must
+            have the same ``dim_x`` and ``dim_y``.
     """
 
     def __init__(
@@ -274,15 +276,27 @@ class SyntheticDataModule(TaskDataModule):
         test_batches: int = 64,
         seed: int = 0,
         num_workers: int = 0,
+        test_task: dict[str, Any] | str | None = None,
     ) -> None:
         super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
         self.save_hyperparameters()
-        self.task: Task = build_from_spec("task", task)
-        if not isinstance(self.task, Task):
+        self.task: Task = self._build_task(task)
+        self.test_task: Task = self.task if test_task is None else self._build_task(test_task)
+        if (self.test_task.dim_x, dict(self.test_task.dim_y)) != (self.task.dim_x, dict(self.task.dim_y)):
             raise ConfigError(
-                f"SyntheticDataModule: task {task!r} built a {type(self.task).__name__}, which lacks the task "
+                f"SyntheticDataModule: test_task has dim_x={self.test_task.dim_x}, dim_y={dict(self.test_task.dim_y)} "
+                f"but task has dim_x={self.task.dim_x}, dim_y={dict(self.task.dim_y)}; one model must fit both."
+            )
+
+    @staticmethod
+    def _build_task(task: dict[str, Any] | str) -> Task:
+        built = build_from_spec("task", task)
+        if not isinstance(built, Task):
+            raise ConfigError(
+                f"SyntheticDataModule: task {task!r} built a {type(built).__name__}, which lacks the task "
                 "interface (dim_x, dim_y, target_dim_y, sample(batch_size, generator))."
             )
+        return built
 
     @property
     def dim_x(self) -> int:
@@ -300,5 +314,5 @@ class SyntheticDataModule(TaskDataModule):
         return self.task.target_dim_y
 
     def split_task(self, split: str) -> Task:
-        """Every split draws from the same generator (with its own seeds)."""
-        return self.task
+        """Training and validation draw from ``task``, the test split from ``test_task`` (each with its own seeds)."""
+        return self.test_task if split == "test" else self.task

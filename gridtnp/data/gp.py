@@ -23,9 +23,11 @@ from gridtnp.data.batch import DEFAULT_SOURCE, Batch, Observations
 from gridtnp.data.tasks import (
     check_positive,
     check_range,
+    check_ranges,
     check_sizes,
     random_sizes,
     uniform,
+    uniform_union,
     zero_padding,
 )
 from gridtnp.registry import ConfigError, register
@@ -155,6 +157,8 @@ class GP1D:
     the periodic kernel uses the same ``l`` (in the standard form, see :func:`kernel`) and a period
     ``p ~ U[period_range]`` (default [0.5, 2]). Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
     (padded to the batch maximum), ``N_t = num_targets``; ``x_c ~ U[context_range]``, ``x_t ~ U[target_range]``.
+    A range may be a union of intervals (the bimodal test: ``[[-4, -1], [1, 4]]``); ``shift`` (Delta) moves both
+    ranges, the TE-TNP paper's shifted test sets (train with ``shift: 0``, test with ``shift: 1``).
     ``extras["oracle_loglik"] [B]``: mean per-target log-density under the true GP posterior predictive; with it,
     ``extras["kernel"]`` (index into ``kernels``, as a float), ``extras["lengthscale"]`` and ``extras["period"]``
     ``[B]``, from which :meth:`posterior` gives the true posterior anywhere (for plots).
@@ -169,8 +173,9 @@ class GP1D:
         min_context: int = 1,
         max_context: int = 64,
         num_targets: int = 128,
-        context_range: tuple[float, float] = (-2.0, 2.0),
-        target_range: tuple[float, float] = (-3.0, 3.0),
+        context_range: Sequence[float] | Sequence[Sequence[float]] = (-2.0, 2.0),
+        target_range: Sequence[float] | Sequence[Sequence[float]] = (-3.0, 3.0),
+        shift: float = 0.0,
         noise: float = 0.2,
         oracle: bool = True,
         jitter: float = 1e-6,
@@ -190,8 +195,8 @@ class GP1D:
         self.log_lengthscale_range = (float(min_log_lengthscale), float(max_log_lengthscale))
         self.period_range = check_range(name, "period_range", period_range, allow_equal=True)
         check_positive(name, "period_range[0]", self.period_range[0])
-        self.context_range = check_range(name, "context_range", context_range)
-        self.target_range = check_range(name, "target_range", target_range)
+        self.context_range = check_ranges(name, "context_range", context_range, float(shift))
+        self.target_range = check_ranges(name, "target_range", target_range, float(shift))
         self.noise = check_positive(name, "noise", noise, allow_zero=True)
         self.jitter = check_positive(name, "jitter", jitter)
         self.min_context, self.max_context, self.num_targets = min_context, max_context, num_targets
@@ -208,7 +213,8 @@ class GP1D:
         period = uniform((b,), *self.period_range, g)
         _, mask_c = random_sizes(b, self.min_context, self.max_context, g)
         nc, nt = mask_c.shape[1], self.num_targets
-        x = torch.cat([uniform((b, nc, 1), *self.context_range, g), uniform((b, nt, 1), *self.target_range, g)], 1)
+        x_c = uniform_union((b, nc, 1), self.context_range, g)
+        x = torch.cat([x_c, uniform_union((b, nt, 1), self.target_range, g)], 1)
 
         cov = mixed_kernel_matrix(x, family, lengthscale, period, self.kernels)
         chol, cov = jittered_cholesky(cov, self.jitter)

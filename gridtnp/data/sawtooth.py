@@ -6,7 +6,9 @@ A truncated Fourier series of a sawtooth wave of amplitude ``A``, frequency ``f`
 
 with ``f ~ U[3, 5]``, ``s ~ U[-5, 5]``, ``K ~ U{10..20}`` per task and ``A = 1`` (the ConvCNP generator). In 1-D
 ``u = x``; in 2-D ``u = x · d`` for a unit direction ``d``: any direction for ``sawtooth2d``, one of
-``±(1, 1)/sqrt2, ±(1, -1)/sqrt2`` for ``sawtooth2d_restricted`` (any direction with ``test_rotated=True``).
+``±(1, 1)/sqrt2, ±(1, -1)/sqrt2`` for ``sawtooth2d_restricted`` (any direction with ``test_rotated=True``). In 2-D,
+``rotation`` (degrees) turns every direction by a fixed angle: a restricted task with ``rotation: 22.5`` has only
+directions that training on the diagonals never saw (the rotated test tasks for rotation-equivariant models).
 Optional Gaussian observation noise (``noise``, default 0 as in ConvCNP).
 """
 
@@ -109,29 +111,41 @@ class Sawtooth2D(_Sawtooth):
     default_max_context = 256
     default_num_targets = 256
 
+    def __init__(self, rotation: float = 0.0, **kwargs: Any) -> None:
+        """``rotation`` (degrees, added to every direction's angle) plus the arguments of ``sawtooth1d``."""
+        if isinstance(rotation, bool) or not isinstance(rotation, (int, float)):
+            raise ConfigError(f"{self.name}: rotation must be an angle in degrees; got {rotation!r}.")
+        super().__init__(**kwargs)
+        self.rotation = math.radians(float(rotation))
+
+    def angles(self, batch_size: int, generator: torch.Generator) -> Tensor:
+        """Uniformly random angles ``[B]`` in radians."""
+        return uniform((batch_size,), 0.0, 2 * math.pi, generator)
+
     def directions(self, batch_size: int, generator: torch.Generator) -> Tensor:
-        """Uniformly random unit directions ``[B, 2]``."""
-        angle = uniform((batch_size,), 0.0, 2 * math.pi, generator)
+        """Unit directions ``[B, 2]`` at ``angles + rotation``."""
+        angle = self.angles(batch_size, generator) + self.rotation
         return torch.stack([angle.cos(), angle.sin()], -1)
 
 
 @register("task", "sawtooth2d_restricted")
 class Sawtooth2DRestricted(Sawtooth2D):
-    """2-D sawtooth waves along the diagonals only (``d = ±(1, 1)/sqrt2, ±(1, -1)/sqrt2``); ``test_rotated=True``
-    draws any direction (the rotated test tasks)."""
+    """2-D sawtooth waves along the diagonals only (``d = ±(1, 1)/sqrt2, ±(1, -1)/sqrt2``); rotated test variants.
+
+    ``test_rotated=True`` draws any direction, ``rotation`` turns the diagonals by a fixed angle (degrees).
+    """
 
     name = "sawtooth2d_restricted"
 
     def __init__(self, test_rotated: bool = False, **kwargs: Any) -> None:
-        """``test_rotated`` plus the arguments of ``sawtooth2d``."""
+        """``test_rotated`` plus the arguments of ``sawtooth2d`` (``rotation``, ...)."""
         if not isinstance(test_rotated, bool):
             raise ConfigError(f"{self.name}: test_rotated must be true or false; got {test_rotated!r}.")
         super().__init__(**kwargs)
         self.test_rotated = test_rotated
 
-    def directions(self, batch_size: int, generator: torch.Generator) -> Tensor:
-        """Diagonal unit directions ``[B, 2]`` (angles pi/4 + k pi/2), or any direction when ``test_rotated``."""
+    def angles(self, batch_size: int, generator: torch.Generator) -> Tensor:
+        """Diagonal angles ``[B]`` (pi/4 + k pi/2), or any angle when ``test_rotated``."""
         if self.test_rotated:
-            return super().directions(batch_size, generator)
-        angle = math.pi / 4 + math.pi / 2 * torch.randint(4, (batch_size,), generator=generator).float()
-        return torch.stack([angle.cos(), angle.sin()], -1)
+            return super().angles(batch_size, generator)
+        return math.pi / 4 + math.pi / 2 * torch.randint(4, (batch_size,), generator=generator).float()

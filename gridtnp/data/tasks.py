@@ -7,6 +7,7 @@ A task is a registered class (``@register("task", name)``) with ``dim_x``, ``dim
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -70,3 +71,41 @@ def check_positive(task: str, name: str, value: float, allow_zero: bool = False)
 def zero_padding(values: Tensor, mask: Tensor) -> Tensor:
     """``values [B, N, D]`` with padded points (``mask [B, N]`` False) set to zero."""
     return values * mask[..., None].to(values.dtype)
+
+
+Ranges = tuple[tuple[float, float], ...]
+
+
+def check_ranges(
+    task: str, name: str, value: Sequence[float] | Sequence[Sequence[float]], shift: float = 0.0
+) -> Ranges:
+    """An input range as disjoint intervals: ``(low, high)`` or ``[(low, high), ...]`` (a union, e.g. the bimodal
+    ``[[-4, -1], [1, 4]]``), each moved by ``shift``; a ConfigError unless every interval has low < high and they do
+    not overlap."""
+    pairs = [value] if len(value) == 2 and all(isinstance(v, (int, float)) for v in value) else list(value)
+    try:
+        ranges = sorted(check_range(task, name, pair) for pair in pairs)  # type: ignore[arg-type]
+    except TypeError:
+        ranges = []
+    if not ranges:
+        raise ConfigError(
+            f"{task}: {name} must be a pair (low, high) or a list of pairs [[low, high], ...]; got {value!r}."
+        )
+    for (_, high), (low, _) in itertools.pairwise(ranges):
+        if low < high:
+            raise ConfigError(f"{task}: the intervals of {name} must not overlap; got {ranges}.")
+    return tuple((low + shift, high + shift) for low, high in ranges)
+
+
+def uniform_union(shape: Sequence[int], ranges: Ranges, generator: torch.Generator) -> Tensor:
+    """float32 samples uniform on a union of disjoint intervals (an interval is chosen with probability proportional
+    to its length); one interval draws exactly what ``uniform`` draws."""
+    if len(ranges) == 1:
+        return uniform(shape, *ranges[0], generator)
+    lows = torch.tensor([r[0] for r in ranges])
+    lengths = torch.tensor([r[1] - r[0] for r in ranges])
+    # Map U[0, total) onto the intervals laid end to end: position p falls in interval i, at lows[i] + p - start_i.
+    p = uniform(shape, 0.0, float(lengths.sum()), generator)
+    starts = torch.cumsum(lengths, 0) - lengths
+    index = (torch.searchsorted(starts, p.contiguous(), right=True) - 1).clamp(0, len(ranges) - 1)
+    return lows[index] + (p - starts[index])

@@ -121,9 +121,10 @@ def swin_tnp(
 ) -> Spec:
     """Swin-TNP (gridded TNP paper): grid encoder onto a grid, Swin layers, k-NN target decoding per layer.
 
-    Window 4 up to 32 points per dimension, 8 above (the paper's 32 x 32 and 64 x 64 models).
+    ``decoder``: ``knn``, ``te_knn`` (translation-equivariant attention on the target-to-grid offsets) or any other
+    grid decoder name. Window 4 up to 32 points per dimension, 8 above (the paper's 32 x 32 and 64 x 64 models).
     """
-    decoder_spec: Spec = {"name": "knn", "k": k} if decoder == "knn" else {"name": decoder}
+    decoder_spec: Spec = {"name": decoder, "k": k} if decoder in ("knn", "te_knn") else {"name": decoder}
     return _spec(
         {"name": "mlp"},
         {"name": grid_encoder},
@@ -158,4 +159,97 @@ def vitnp(
         dim_y=dim_y,
         dim=dim,
         grid=_square_grid(dim_x, grid_size, bound),
+    )
+
+
+def _te(variant: str, rotation: bool, update_locations: bool) -> Spec:
+    return {"variant": variant, "rotation": rotation, "update_locations": update_locations}
+
+
+@register("model", "te_tnp")
+def te_tnp(
+    dim_x: int = 1,
+    dim_y: int = 1,
+    dim: int = 128,
+    layers: int = 5,
+    variant: str = "post",
+    rotation: bool = False,
+    update_locations: bool = False,
+) -> Spec:
+    """TE-TNP (Ashman et al. 2024): value-only tokens, TE-MHSA on the context, TE-MHCA into the targets per layer."""
+    te = _te(variant, rotation, update_locations)
+    return _spec(
+        {"name": "value"},
+        {"name": "identity"},
+        {"name": "te_transformer", "layers": layers, **te},
+        {"name": "te_cross_attention", **te},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "te_pt_tnp")
+def te_pt_tnp(
+    dim_x: int = 1,
+    dim_y: int = 1,
+    dim: int = 128,
+    layers: int = 5,
+    num_tokens: int = 128,
+    variant: str = "post",
+    rotation: bool = False,
+    update_locations: bool = False,
+) -> Spec:
+    """TE-PT-TNP: pseudo-tokens at pseudo-locations (eq. 11), TE-MHCA from the context and TE-MHSA per layer."""
+    te = _te(variant, rotation, update_locations)
+    return _spec(
+        {"name": "value"},
+        {"name": "identity"},
+        {"name": "te_perceiver", "layers": layers, "num_tokens": num_tokens, **te},
+        {"name": "te_cross_attention", **te},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "rcnp")
+def rcnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128, rotation: bool = False) -> Spec:
+    """Simple RCNP (Huang et al. 2023): mean over the context of MLP(cat[x_t - x_n, nu(y_n)]), MLP decoder."""
+    return _spec(
+        {"name": "value", "layers": 2},
+        {"name": "identity"},
+        {"name": "identity"},
+        {"name": "relational", "rotation": rotation},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "msa")
+def msa(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5) -> Spec:
+    """MSA: phi(x) + nu(y) context tokens, phi(x) target tokens, full MHSA over both together, MLP read-out."""
+    return _spec(
+        {"name": "additive"},
+        {"name": "identity"},
+        {"name": "identity"},
+        {"name": "joint_self_attention", "blocks": layers},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
+    )
+
+
+@register("model", "tfs")
+def tfs(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 3) -> Spec:
+    """TFS: transformer encoder-decoder; MHSA over the context, then per layer target MHSA and MHCA to the context."""
+    return _spec(
+        {"name": "additive"},
+        {"name": "identity"},
+        {"name": "transformer", "layers": layers},
+        {"name": "transformer_decoder"},
+        dim_x=dim_x,
+        dim_y=dim_y,
+        dim=dim,
     )

@@ -556,3 +556,13 @@ class ViTProcessor(nn.Module):
             z = block(z)
             states.append(out.with_tokens(z.reshape(shape)))
         return states
+
+
+@register("processor", "identity")
+class IdentityProcessor(nn.Module):
+    """No processing: the grid encoder's latent is the single state (RCNP, MSA: the decoder does the work)."""
+
+    num_states = 1
+
+    def forward(self, latent: Latent) -> list[Latent]:
+        return [latent]
