@@ -158,7 +158,10 @@ def test_ddp_on_cpu_shards_tasks_and_reduces_metrics_over_the_union(tmp_path):
     assert len(train[0]) == len(train[1]) == 3 and not train[0] & train[1]
     val = [[r["task"] for r in recs if r["kind"] == "val"] for recs in ranks]
     union = union_metrics(run_dir / "checkpoints" / "last.ckpt", val_batches=3, batch_size=8)
-    assert sorted(val[0] + val[1]) == sorted(union["tasks"]) and len(val[0]) == 2 and len(val[1]) == 1
+    # Fingerprints are sums of GP draws, equal up to float rounding: the ranks run one torch thread each and the
+    # test process may run several, which changes the Cholesky's summation order in the last bits.
+    assert len(val[0]) == 2 and len(val[1]) == 1
+    assert sorted(val[0] + val[1]) == pytest.approx(sorted(union["tasks"]), rel=1e-6)
 
     for recs in ranks:
         (metrics,) = [r["metrics"] for r in recs if r["kind"] == "val_metrics"]
