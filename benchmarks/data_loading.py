@@ -34,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from forward_time import device_name, git_commit  # noqa: E402
+from harness import device_name, git_commit  # noqa: E402
 
 from gridtnp.data.era5 import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
 from gridtnp.data.prepare import auto_time_chunk  # noqa: E402

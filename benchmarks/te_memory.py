@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forward_time import PeakMemory, device_name, git_commit
+from harness import PeakMemory, device_name, git_commit
 
 from gridtnp import Observations, count_parameters, create_model
 from gridtnp.nn.te_attention import DEFAULT_MAX_PAIRS
