@@ -310,5 +310,6 @@ def test_automatic_time_chunks_keep_chunks_small_for_random_access() -> None:
         return xr.Dataset({"v": (dims, da.zeros(shape, dtype=np.float32))})
 
     assert auto_time_chunk(grid(744, 33, 49)) == 24  # the embedded sample: a regional box
-    assert auto_time_chunk(grid(8760, 721, 1440)) == 4  # global 0.25 degree: 4 x 4.2 MB
+    assert auto_time_chunk(grid(8760, 721, 1440)) == 1  # global 0.25 degree: 4.0 MiB a step
+    assert auto_time_chunk(grid(8760, 181, 360)) == 16  # global 1 degree
     assert auto_time_chunk(grid(8760, 37, 721, 1440)) == 1  # 37 pressure levels: one step per chunk

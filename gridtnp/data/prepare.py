@@ -179,11 +179,15 @@ def _close_all(datasets: Sequence[xr.Dataset]) -> None:
 
 
 MAX_TIME_CHUNK = 24
-TARGET_CHUNK_BYTES = 16 * 2**20
+TARGET_CHUNK_BYTES = 4 * 2**20
 
 
 def auto_time_chunk(ds: xr.Dataset) -> int:
-    """Time steps per chunk: as many as keep the largest variable's float32 chunk under ~16 MB, 1 to 24."""
+    """Time steps per chunk: as many as keep the largest variable's float32 chunk under 4 MiB, 1 to 24.
+
+    A task reads whole chunks, so for random access in time a chunk should be about what one task needs: one
+    step of a global 0.25 degree field (4.0 MiB), a day of a regional box.
+    """
     per_step = max(
         (4 * int(np.prod([ds.sizes[d] for d in v.dims if d != "time"])) for v in ds.data_vars.values()), default=4
     )
@@ -203,7 +207,7 @@ def prepare(
     """Write ``inputs`` as a prepared Zarr store at ``out`` (see the module docstring) and return its path.
 
     ``time_chunk`` steps per chunk; None picks the most steps (at most 24) whose chunk of the largest variable
-    stays under 16 MiB: 24 for a regional box, 4 for a global 0.25 degree grid (721 x 1,440: 15.8 MiB a chunk).
+    stays under 4 MiB: 24 for a regional box, 1 for a global 0.25 degree grid (721 x 1,440: 4.0 MiB a step).
     """
     log = print if progress else _silent
     out_path = Path(out)
@@ -281,7 +285,7 @@ def data_main(argv: Sequence[str]) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="time steps per Zarr chunk (default: as many as keep a chunk under ~16 MB, at most 24)",
+        help="time steps per Zarr chunk (default: as many as keep a chunk under 4 MiB, at most 24)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
     p.add_argument("--quiet", action="store_true", help="no progress output")

@@ -352,17 +352,22 @@ class ChunkCache:
 def coarsen_fields(fields: np.ndarray, factor: int) -> np.ndarray:
     """NaN-aware mean over ``factor x factor`` blocks: ``[..., H, W] -> [..., ceil(H / f), ceil(W / f)]``.
 
-    Edge blocks average the points they have; a block with no finite value is NaN.
+    Edge blocks average the points they have; a block with no finite value is NaN. Block sums by ``reduceat``
+    along each axis (no padded copy); the NaN bookkeeping only runs when there are NaNs.
     """
     if factor <= 1:
         return fields
-    *lead, h, w = fields.shape
-    hc, wc = -(-h // factor), -(-w // factor)
-    padded = np.full((*lead, hc * factor, wc * factor), np.nan, dtype=np.float32)
-    padded[..., :h, :w] = fields
-    blocks = padded.reshape(*lead, hc, factor, wc, factor)
-    finite = np.isfinite(blocks)
-    total = np.where(finite, blocks, 0.0).sum(axis=(-3, -1), dtype=np.float64)
-    count = finite.sum(axis=(-3, -1))
+    h, w = fields.shape[-2:]
+    rows, cols = np.arange(0, h, factor), np.arange(0, w, factor)
+
+    def block_sums(values: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(np.add.reduceat(values, cols, axis=-1), rows, axis=-2)
+
+    finite = np.isfinite(fields)
+    if finite.all():
+        count = np.outer(np.diff(np.append(rows, h)), np.diff(np.append(cols, w)))  # points per block [h', w']
+        return (block_sums(fields) / count).astype(np.float32)
+    total = block_sums(np.where(finite, fields, 0.0))
+    count = block_sums(finite.astype(np.float32))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / count, np.nan).astype(np.float32)
