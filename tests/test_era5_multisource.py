@@ -295,3 +295,23 @@ def test_an_arco_style_store_is_refused_or_converted_lazily_with_given_stats(tmp
     expected = x[..., 1] + 0.01 * (x[..., 2] % 360.0) + 0.1 * hour
     np.testing.assert_allclose(batch.target.y[..., 0].numpy()[m] * 5.0 + 55.0, expected[m], atol=1e-3)
     assert dm.task.cache.reads == len(np.unique(batch.extras["start_hour"].numpy()[:, None] + np.arange(3)))
+
+
+def test_predictions_cover_the_test_split_with_dense_maps(store: str) -> None:
+    dm = datamodule(store, batch_size=3)
+    loader = dm.predict_dataloader()
+    assert len(loader.dataset.starts) == 8 and len(loader.dataset) == 3  # 24 test hours: 8 windows of 3, batches of 3
+    batch = next(iter(loader))
+    assert batch.target.x.shape == (3, 3 * len(LAT) * len(LON), 3) and batch.target.mask.all()
+    outputs = []
+    for batch in loader:  # a stand-in model: predicts the truth, std 1 (normalised units)
+        outputs.append({"mean": batch.target.y, "std": torch.ones_like(batch.target.y), **batch.extras})
+    ds = dm.predictions_to_xarray(outputs)
+    assert ds["u850_mean"].dims == ("time", "latitude", "longitude") and ds.sizes["time"] == 24
+    assert str(ds.time.values[0])[:13] == "2020-01-03T00" and str(ds.time.values[-1])[:13] == "2020-01-03T23"
+    hour = ((ds.time - ds.time[0]) / np.timedelta64(1, "h")).values + 48
+    h, la, lo = np.meshgrid(hour, LAT, LON, indexing="ij")
+    np.testing.assert_allclose(ds["u850_mean"].values, u_field(850.0, h, la, lo), atol=1e-3)
+    np.testing.assert_allclose(ds["v850_mean"].values, -u_field(850.0, h, la, lo), atol=1e-3)
+    _, std = normalisation_stats(open_store(store), "u", 850.0)
+    np.testing.assert_allclose(ds["u850_std"].values, std, rtol=1e-5)

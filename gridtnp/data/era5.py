@@ -628,10 +628,15 @@ class MultiSourceTask:
         self.x = torch.from_numpy(x.astype(np.float32))  # [P, 3] (hour in window, lat, lon) of every point
         self.window, self.context_fraction, self.target_fraction = window, context_fraction, target_fraction
 
-    def sample(self, batch_size: int, generator: torch.Generator, starts: np.ndarray) -> Batch:
-        """``batch_size`` windows starting at random hours of ``starts``: one context source per variable, targets."""
+    def sample(self, batch_size: int, generator: torch.Generator, starts: np.ndarray, dense: bool = False) -> Batch:
+        """``batch_size`` windows starting at random hours of ``starts``: one context source per variable, targets.
+
+        ``dense`` (predictions): the windows start at ``starts`` in order (``len(starts) == batch_size``), the
+        contexts are drawn from every point and every point of the window is a target.
+        """
         b, p = batch_size, self.x.shape[0]
-        pick = starts[torch.randint(len(starts), (b,), generator=generator).numpy()]  # [B] first hour of each task
+        random_starts = starts[torch.randint(len(starts), (b,), generator=generator).numpy()] if not dense else None
+        pick = np.asarray(starts) if dense else random_starts  # [B] first hour of each window
         steps = (pick[:, None] + np.arange(self.window)).reshape(-1)  # [B * T]
         variables = list(dict.fromkeys(s.variable for s in self.sources))
         fields = dict(zip(variables, self.cache.read([(v, steps) for v in variables]), strict=True))
@@ -646,8 +651,11 @@ class MultiSourceTask:
         # Targets: a share `target_fraction` of the points, where every target variable is finite.
         n_t = max(round(self.target_fraction * p), 1)
         is_target = np.zeros((b, p), dtype=bool)
-        idx_t = torch.argsort(torch.rand(b, p, generator=generator), dim=1)[:, :n_t].numpy()  # [B, Nt]
-        np.put_along_axis(is_target, idx_t, True, axis=1)
+        if dense:
+            n_t, idx_t = 0, np.broadcast_to(np.arange(p), (b, p))  # n_t = 0: contexts may use every point
+        else:
+            idx_t = torch.argsort(torch.rand(b, p, generator=generator), dim=1)[:, :n_t].numpy()  # [B, Nt]
+            np.put_along_axis(is_target, idx_t, True, axis=1)
         y_t = np.stack([np.take_along_axis(values[s.name], idx_t, 1) for s in self.targets], -1)  # [B, Nt, Dy]
         mask_t = np.isfinite(y_t).all(-1)
 
@@ -682,6 +690,28 @@ class _WindowTask:
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         return self.task.sample(batch_size, generator, self.starts)
+
+
+class _WindowPredictSet(Dataset):
+    """Prediction batches of a ``MultiSourceDataModule``: non-overlapping windows of the test split, in order."""
+
+    def __init__(self, dm: MultiSourceDataModule) -> None:
+        self.task, self.batch_size, self.seed = dm.task, dm.batch_size, dm.seed
+        starts = dm.starts["test"]
+        chosen, next_free = [], -1
+        for start in starts:  # greedy: the next window starts once the previous one has ended
+            if start >= next_free:
+                chosen.append(start)
+                next_free = start + dm.window
+        self.starts = np.asarray(chosen, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return -(-len(self.starts) // self.batch_size)
+
+    def __getitem__(self, index: int) -> Batch:
+        starts = self.starts[index * self.batch_size : (index + 1) * self.batch_size]
+        generator = generator_from(self.seed, "predict", int(index))
+        return self.task.sample(len(starts), generator, starts, dense=True)
 
 
 @register("datamodule", "era5_multisource")
@@ -854,6 +884,8 @@ class MultiSourceDataModule(ERA5DataModule):
                 )
             self.starts[name] = starts
 
+        self.time_axis, self.box = time, (lat, lon)
+        self.units = {s.name: str(ds[s.variable].attrs.get("units", "")) for s in self.sources}
         t, la, lo = np.meshgrid(np.arange(self.window, dtype=np.float64), lat, lon, indexing="ij")
         x = np.stack([t, la, lo], -1).reshape(-1, 3)  # [T * H * W, 3], the order of a field's reshape
         cache = self.chunk_cache(variables, region)
@@ -868,6 +900,43 @@ class MultiSourceDataModule(ERA5DataModule):
             self.context_fraction,
             self.target_fraction,
         )
+
+    def predict_dataloader(self) -> DataLoader:
+        """Consecutive, non-overlapping windows of the test split, ``batch_size`` a batch, predicted at every point."""
+        self.setup()
+        return DataLoader(_WindowPredictSet(self), shuffle=False, **self._loader_kwargs())
+
+    def predictions_to_xarray(self, outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
+        """``gridtnp predict`` outputs -> ``<variable>_mean``, ``<variable>_std`` on ``(time, latitude, longitude)``
+        in physical units, one variable per target variable."""
+        assert self.task is not None
+        lat, lon = self.box
+        shape = (-1, self.window, len(lat), len(lon))
+        start = torch.cat([o["start_hour"] for o in outputs]).numpy()
+        time = self.time_axis[(start[:, None] + np.arange(self.window)).reshape(-1)]
+        mean = torch.cat([o["mean"] for o in outputs]).double().numpy()  # [windows, P, Dy]
+        std = torch.cat([o["std"] for o in outputs]).double().numpy()
+        dims = ("time", "latitude", "longitude")
+        data = {}
+        for j, source in enumerate(self.task.targets):
+            scale, offset = float(self.task.std[source.name]), float(self.task.mean[source.name])
+            units = {"units": self.units.get(source.name, "")}
+            for kind, values in (("mean", mean[..., j] * scale + offset), ("std", std[..., j] * scale)):
+                field = values.reshape(shape).reshape(-1, len(lat), len(lon))
+                long_name = f"predictive {'mean' if kind == 'mean' else 'standard deviation'} of {source.spec}"
+                data[f"{source.name}_{kind}"] = (dims, field, {**units, "long_name": long_name})
+        ds = xr.Dataset(data, coords={"time": time, "latitude": lat, "longitude": lon})
+        ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
+        ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
+        ds.attrs.update(
+            {
+                "Conventions": "CF-1.8",
+                "source": f"gridtnp predictions from the store {self.store_path()}",
+                "context": ", ".join(s.spec for s in self.sources),
+                "context_fraction": list(self.context_fraction),
+            }
+        )
+        return ds
 
     def split_task(self, name: str) -> _WindowTask:
         """The task generator of split ``name``: windows wholly inside that split."""
