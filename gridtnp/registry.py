@@ -109,8 +109,12 @@ def build(kind: str, name: str, /, **kwargs: Any) -> Any:
         )
     try:
         return fn(**kwargs)
+    except ConfigError:
+        raise
     except TypeError as err:  # a missing required argument, say
         raise ConfigError(f"Cannot build {kind} {name!r}: {err}") from err
+    except ValueError as err:  # a component rejecting a value: its message says what is allowed
+        raise ConfigError(str(err) if name in str(err) else f"{kind} {name!r}: {err}") from err
 
 
 def build_from_spec(kind: str, spec: dict[str, Any] | str, /, **shared: Any) -> Any:

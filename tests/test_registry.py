@@ -62,3 +62,11 @@ def test_register_and_duplicate():
 
 def test_package_exports():
     assert gridtnp.create_model("cnp").dim_x == 1
+
+
+def test_a_rejected_value_becomes_a_config_error_the_cli_can_report():
+    from gridtnp.nn.grids import Grid
+
+    grid = Grid(lower=[0.0, 0.0], upper=[1.0, 1.0], shape=[4, 4])
+    with pytest.raises(ConfigError, match=r"'knn'.*k .*must be >= 1"):
+        build("grid_decoder", "knn", grid=grid, k=0)
