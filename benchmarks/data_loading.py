@@ -21,7 +21,6 @@ opening) is timed separately and throughput is over the rest. Results go to a Ma
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import sys
 import time
@@ -34,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness import device_name, git_commit  # noqa: E402
+from harness import device_name, git_commit, write_table  # noqa: E402
 
 from gridtnp.data.era5 import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
 from gridtnp.data.prepare import auto_time_chunk  # noqa: E402
@@ -149,33 +148,32 @@ def main() -> None:
                 f"(first batch {result['first_batch_s']:.2f} s, {result['points_per_task']:,.0f} points/task)"
             )
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     n_lat, n_lon = round(180 / args.resolution) + 1, round(360 / args.resolution)
-    shape = f"{24 * args.days} x {n_lat} x {n_lon}"
-    machine = f"torch {torch.__version__}, {device_name(torch.device('cpu'))}"
-    lines = [
-        "# Data-loading throughput (training DataLoader, tasks per second)",
-        "",
-        f"- date: {datetime.date.today()}, commit {git_commit()}, {machine}",
-        f"- command: `python benchmarks/data_loading.py {' '.join(sys.argv[1:])}`",
-        f"- global store: synthetic, 1 float32 variable, {shape} (hours x lat x lon), written locally "
-        "(a shorter span than a year: per-task cost is one time chunk of the full grid either way); chunk cache 2",
-        f"- batch size {b}, {n} batches per measurement; throughput excludes the first batch (worker start-up)",
-        "",
-        "| case | workers | tasks/s | batches/s | first batch (s) | points per task |",
-        "|---|---:|---:|---:|---:|---:|",
+    meta = {
+        "date": str(datetime.date.today()),
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "device": device_name(torch.device("cpu")),
+        "command": f"`python benchmarks/data_loading.py {' '.join(sys.argv[1:])}`",
+        "global store": f"synthetic, 1 float32 variable, {24 * args.days} x {n_lat} x {n_lon} (hours x lat x lon), "
+        "written locally (a shorter span than a year: per-task cost is one time chunk of the full grid either way); "
+        "chunk cache 2",
+        "batches": f"batch size {b}, {n} batches per measurement; throughput excludes the first batch (start-up)",
+    }
+    table = [
+        {
+            "case": r["case"],
+            "workers": r["workers"],
+            "tasks/s": f"{r['tasks_per_s']:.1f}",
+            "batches/s": f"{r['batches_per_s']:.2f}",
+            "first batch (s)": f"{r['first_batch_s']:.2f}",
+            "points per task": round(r["points_per_task"]),
+        }
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['workers']} | {r['tasks_per_s']:.1f} | {r['batches_per_s']:.2f} | "
-            f"{r['first_batch_s']:.2f} | {r['points_per_task']:,.0f} |"
-        )
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out.with_suffix('.md')} and .csv")
+    title = "Data-loading throughput (training DataLoader, tasks per second)"
+    for path in write_table(args.out.with_suffix(".md"), title, meta, table):
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -290,6 +290,18 @@ class Report:
         return [out, path]
 
 
+def write_table(out: Path, title: str, meta: dict[str, str], rows: list[dict[str, Any]]) -> list[Path]:
+    """``rows`` as a Markdown table (one column per key, integers with thousands separators) and a CSV."""
+    report = Report(title, meta)
+    for row in rows:
+        report.add(row)
+
+    def cell(key: str) -> Callable[[dict[str, Any]], str]:
+        return lambda row: f"{row[key]:,}" if isinstance(row[key], int) else str(row[key])
+
+    return report.write(out, {key: cell(key) for key in rows[0]})
+
+
 def line_plot(
     path: Path,
     series: dict[str, list[tuple[float, float]]],

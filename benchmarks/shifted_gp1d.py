@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import datetime as dt
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,20 +27,15 @@ import lightning as L
 import torch
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import device_name, git_commit, write_table
+
 from gridtnp.data.datamodules import FixedTaskSet, SyntheticDataModule
 from gridtnp.module import NeuralProcessModule
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import build_from_spec
 
 BIMODAL = [[-4.0, -1.0], [1.0, 4.0]]
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def model_args(config: dict[str, Any], dim: int | None, layers: int | None) -> dict[str, Any]:
@@ -127,30 +119,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    started_at = commit()
+    started_at = git_commit()
     load = os.getloadavg()[0]
     rows = [row for recipe in args.recipes for row in train_and_test(recipe, args)]
-
-    header = [
-        "# Shifted 1-D GP test sets",
-        "",
-        f"- command: `python {' '.join(sys.argv)}`",
-        f"- date: {dt.datetime.now().isoformat(timespec='seconds')}; device: CPU ({platform.processor() or 'cpu'}); "
-        f"threads: {torch.get_num_threads()}; torch {torch.__version__}; commit {started_at}",
-        f"- load average at the start: {load:.2f} (other jobs shared the machine: train_seconds are rough)",
-        f"- test sets: {args.test_batches} batches of the recipe's batch size, seeds fixed, the same for every model",
-        "",
-    ]
-    keys = list(rows[0])
-    table = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
-    table += ["| " + " | ".join(f"{r[k]:,}" if isinstance(r[k], int) else str(r[k]) for k in keys) + " |" for r in rows]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(header + table) + "\n")
-    with args.out.with_suffix(".csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    print("\n".join(table))
+    meta = {
+        "command": f"`python {' '.join(sys.argv)}`",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "device": device_name(torch.device("cpu")),
+        "torch": torch.__version__,
+        "commit": started_at,
+        "load": f"{load:.2f} at the start (other jobs shared the machine: train_seconds are rough)",
+        "test sets": f"{args.test_batches} batches of the recipe's batch size, seeds fixed, the same for every model",
+    }
+    for path in write_table(args.out, "Shifted 1-D GP test sets", meta, rows):
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

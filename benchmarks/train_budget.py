@@ -13,12 +13,9 @@ budget is wall-clock time.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import importlib
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +25,9 @@ import lightning as L
 import torch
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import device_name, git_commit, write_table
+
 from gridtnp.module import NeuralProcessModule
 
 
@@ -35,14 +35,6 @@ def instantiate(config: dict[str, Any]) -> Any:
     """An object from a ``{class_path, init_args}`` mapping."""
     module, _, name = config["class_path"].rpartition(".")
     return getattr(importlib.import_module(module), name)(**config.get("init_args", {}))
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def train_one(recipe: Path, minutes: float, threads: int | None, test_batches: int | None) -> dict[str, Any]:
@@ -91,7 +83,7 @@ def main() -> None:
     parser.add_argument("--test-batches", type=int, default=None, help="override the recipe's test set size")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/train_budget.md"))
     args = parser.parse_args()
-    started_at = commit()  # the code that runs, even if the tree changes while it trains
+    started_at = git_commit()  # the code that runs, even if the tree changes while it trains
 
     rows = []
     for recipe in args.recipes:
@@ -99,26 +91,18 @@ def main() -> None:
         print(row, flush=True)
         rows.append(row)
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or 'cpu'})"
-    header = [
-        f"# Training budget: {args.minutes:g} minutes per recipe",
-        "",
-        f"- command: `python {' '.join(sys.argv)}`",
-        f"- date: {dt.datetime.now().isoformat(timespec='seconds')}; device: {device}; threads: "
-        f"{torch.get_num_threads()}; torch {torch.__version__}; precision 32-true; commit {started_at}",
-        f"- load average at the end: {os.getloadavg()[0]:.2f}",
-        "",
-    ]
-    keys = list(rows[0])
-    table = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
-    table += ["| " + " | ".join(f"{r[k]:,}" if isinstance(r[k], int) else str(r[k]) for k in keys) + " |" for r in rows]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(header + table) + "\n")
-    with args.out.with_suffix(".csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    print("\n".join(table))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    meta = {
+        "command": f"`python {' '.join(sys.argv)}`",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "precision": "32-true",
+        "commit": started_at,
+        "load": f"{os.getloadavg()[0]:.2f} at the end",
+    }
+    for path in write_table(args.out, f"Training budget: {args.minutes:g} minutes per recipe", meta, rows):
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

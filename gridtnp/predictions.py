@@ -43,7 +43,7 @@ class PredictionWriter(BasePredictionWriter):
         self.written: Path | None = None
 
     def write_on_epoch_end(self, trainer: Any, pl_module: Any, predictions: Sequence[Any], batch_indices: Any) -> None:
-        outputs = [p for group in _flatten(predictions) for p in ([group] if isinstance(group, dict) else group)]
+        outputs = _flatten(predictions)
         if not outputs:
             return
         datamodule = trainer.datamodule
