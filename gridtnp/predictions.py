@@ -72,18 +72,16 @@ def _flatten(predictions: Sequence[Any]) -> list[Any]:
 
 def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
     """Write ``ds`` as NetCDF or Zarr (by suffix), replacing ``path`` only once the new file is complete."""
+    from gridtnp.data.prepare import replace_path
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     if path.suffix == ".zarr":
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
         ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
-        shutil.rmtree(path, ignore_errors=True)
     else:
         ds.to_netcdf(tmp)
-    os.replace(tmp, path)
+    replace_path(tmp, path)
     return path
 
 

@@ -30,6 +30,7 @@ from gridtnp.data.store import (
     select,
     select_time,
 )
+from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError, register
 
 SAMPLE_CACHE_NAME = "era5_t2m_uk_2019-03"
@@ -38,9 +39,9 @@ SAMPLE_TRAIN_DATES = ("2019-03-01", "2019-03-21")
 
 def check_fraction_range(where: str, name: str, value: Sequence[float]) -> tuple[float, float]:
     """``(a, b)`` as floats, or a ConfigError unless ``0 <= a <= b <= 1``."""
-    low, high = (float(v) for v in value) if len(value) == 2 else (-1.0, -1.0)
-    if not 0.0 <= low <= high <= 1.0:
-        raise ConfigError(f"{where}: {name} must be (a, b) with 0 <= a <= b <= 1; got {value}.")
+    low, high = check_range(where, name, value, allow_equal=True)
+    if low < 0.0 or high > 1.0:
+        raise ConfigError(f"{where}: {name} must be (a, b) with 0 <= a <= b <= 1; got {tuple(value)}.")
     return low, high
 
 

@@ -253,7 +253,7 @@ def prepare(
             stats_attr = _stats_attr(stats, train, inputs)
             _finish_store(tmp, stats_attr, _provenance(inputs, out_path, variables, train_start, train_end, steps))
             log(f"gridtnp data prepare: [4/4] moving the new store into place at {out_path}")
-            _replace(tmp, out_path)
+            replace_path(tmp, out_path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
@@ -432,14 +432,17 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise DataError(f"--out {out} exists and is not a Zarr store; refusing to replace it. Choose another path.")
 
 
-def _replace(tmp: Path, out: Path) -> None:
-    """Move ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted only after the swap."""
+def replace_path(tmp: Path, out: Path) -> None:
+    """Move the file or directory ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted only
+    after the swap, so ``out`` is never missing or half-written."""
     old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}") if out.exists() else None
     if old is not None:
         os.replace(out, old)
     os.replace(tmp, out)
-    if old is not None:
+    if old is not None and old.is_dir():
         shutil.rmtree(old, ignore_errors=True)
+    elif old is not None:
+        old.unlink(missing_ok=True)
 
 
 def _progress_bar(enabled: bool) -> contextlib.AbstractContextManager[Any]:
