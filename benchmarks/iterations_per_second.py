@@ -29,7 +29,7 @@ import harness
 import torch
 
 from gridtnp import count_parameters
-from gridtnp.data import Observations
+from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.models.neural_process import NeuralProcess
 from gridtnp.nn.grids import Grid

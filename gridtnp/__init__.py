@@ -1,7 +1,7 @@
 """gridtnp: gridded transformer neural processes in PyTorch Lightning."""
 
 from gridtnp import data, models, nn  # noqa: F401  (importing registers every component)
-from gridtnp.data.batch import Batch, Observations
+from gridtnp.batch import Batch, Observations
 from gridtnp.models import NeuralProcess, build_model, count_parameters, create_model
 from gridtnp.module import NeuralProcessModule
 from gridtnp.registry import ConfigError, available, build, register

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.distributions import Normal
 
-from gridtnp.data.batch import Batch
+from gridtnp.batch import Batch
 from gridtnp.metrics import COVERAGE_METRICS, PHYSICAL_METRICS, PREDICTIVE_METRICS, evaluation_metrics, point_weights
 from gridtnp.models.neural_process import build_model, count_parameters
 from gridtnp.nn.likelihoods import log_likelihood

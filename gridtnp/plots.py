@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torch.distributions import Distribution
 
-from gridtnp.data.batch import Batch, Observations
+from gridtnp.batch import Batch, Observations
 
 Predictor = Callable[[dict[str, Observations], Tensor], Distribution]
 

@@ -20,7 +20,7 @@ import torch
 import xarray as xr
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from gridtnp.data.batch import Batch, Observations
+from gridtnp.batch import Batch, Observations
 from gridtnp.registry import ConfigError
 
 Stats = tuple[float, float]

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from gridtnp.data.batch import Observations
+from gridtnp.batch import Observations
 from gridtnp.nn.grids import Grid
 
 

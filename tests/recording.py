@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from gridtnp.data.batch import Batch
+from gridtnp.batch import Batch
 
 
 def fingerprint(batch: Batch) -> float:

@@ -9,7 +9,8 @@ import lightning as L
 import pytest
 import torch
 
-from gridtnp.data import DEFAULT_SOURCE, Batch, SyntheticDataModule
+from gridtnp.batch import DEFAULT_SOURCE, Batch
+from gridtnp.data import SyntheticDataModule
 from gridtnp.data.datamodules import FixedTaskSet, TrainTaskStream
 from gridtnp.data.gp import GP1D, GP2D, GP2DMultimodal, SKIGrid, mixed_kernel_matrix, predictive_loglik
 from gridtnp.data.sawtooth import Sawtooth2DRestricted, sawtooth

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gridtnp.data.batch import Observations
+from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.registry import available, build
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from gridtnp.batch import Observations
 from gridtnp.data import SyntheticDataModule
-from gridtnp.data.batch import Observations
 from gridtnp.models import create_model
 from gridtnp.registry import ConfigError, build_from_spec
 from tests.conftest import random_context

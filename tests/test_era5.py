@@ -14,7 +14,8 @@ import yaml
 from torch.distributions import Normal
 
 from gridtnp import NeuralProcessModule
-from gridtnp.data import Batch, Observations, StationReanalysisDataModule
+from gridtnp.batch import Batch, Observations
+from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.prepare import prepare
 from gridtnp.data.store import DataError, coarsen_fields, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood

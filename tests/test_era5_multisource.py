@@ -14,7 +14,8 @@ import xarray as xr
 import yaml
 
 from gridtnp import NeuralProcessModule
-from gridtnp.data import Batch, MultiSourceDataModule, Observations
+from gridtnp.batch import Batch, Observations
+from gridtnp.data import MultiSourceDataModule
 from gridtnp.data.era5 import Source
 from gridtnp.data.prepare import prepare
 from gridtnp.data.store import ChunkCache, DataError, normalisation_stats, open_store

@@ -217,7 +217,7 @@ def test_metrics_synchronise_across_two_gloo_processes() -> None:
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")
 def test_module_weights_evaluation_by_cos_latitude() -> None:
     from gridtnp import NeuralProcessModule
-    from gridtnp.data import Batch, Observations
+    from gridtnp.batch import Batch, Observations
 
     with pytest.raises(ValueError, match="latitude_dim 2"):
         NeuralProcessModule(preset="cnp", dim=8, dim_x=2, cos_latitude_weighting=True, latitude_dim=2)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gridtnp.data.batch import BatchError, Observations
+from gridtnp.batch import BatchError, Observations
 from gridtnp.models import build_model, create_model
 from gridtnp.registry import ConfigError, available
 from tests.conftest import random_context

@@ -12,8 +12,9 @@ import yaml
 from torch.distributions import Normal
 
 from gridtnp import NeuralProcessModule
+from gridtnp.batch import Batch, Observations
 from gridtnp.cli import main
-from gridtnp.data import Batch, Observations, SyntheticDataModule
+from gridtnp.data import SyntheticDataModule
 from gridtnp.plots import PlotCallback, evaluation_figures, plot_map, plot_standardised_errors, regular_grid
 from gridtnp.registry import build_from_spec
 

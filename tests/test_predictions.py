@@ -10,8 +10,8 @@ import torch
 import xarray as xr
 
 from gridtnp import NeuralProcessModule
+from gridtnp.batch import Observations
 from gridtnp.cli import GridTNPCLI
-from gridtnp.data.batch import Observations
 from gridtnp.predictions import predict, raw_predictions
 
 ROOT = Path(__file__).resolve().parents[1]

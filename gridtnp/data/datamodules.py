@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
-from gridtnp.data.batch import Batch
+from gridtnp.batch import Batch
 from gridtnp.data.tasks import Task
 from gridtnp.registry import ConfigError, build_from_spec, register
 

@@ -17,7 +17,7 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader, Dataset
 
-from gridtnp.data.batch import Batch, Observations
+from gridtnp.batch import Batch, Observations
 from gridtnp.data.datamodules import TaskDataModule, check_counts, generator_from
 from gridtnp.data.store import (
     DIMS,

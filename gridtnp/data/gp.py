@@ -19,7 +19,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from gridtnp.data.batch import DEFAULT_SOURCE, Batch, Observations
+from gridtnp.batch import DEFAULT_SOURCE, Batch, Observations
 from gridtnp.data.tasks import (
     check_positive,
     check_range,

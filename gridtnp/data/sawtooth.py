@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gridtnp.data.batch import DEFAULT_SOURCE, Batch, Observations
+from gridtnp.batch import DEFAULT_SOURCE, Batch, Observations
 from gridtnp.data.tasks import check_positive, check_range, check_sizes, random_sizes, uniform, zero_padding
 from gridtnp.registry import ConfigError, register
 

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from gridtnp.data.batch import Batch
+from gridtnp.batch import Batch
 from gridtnp.registry import ConfigError
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
-from gridtnp.data.batch import DEFAULT_SOURCE, Observations
+from gridtnp.batch import DEFAULT_SOURCE, Observations
 from gridtnp.nn.grids import Grid, as_grid
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import ConfigError, accepted_arguments, build_from_spec, get
