@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import PeakMemory, device_name, git_commit
 
 from gridtnp import Observations, count_parameters, create_model
-from gridtnp.nn.te_attention import DEFAULT_MAX_PAIRS
+from gridtnp.nn.chunking import DEFAULT_MAX_PAIRS
 
 ROOT = Path(__file__).resolve().parent.parent
 NAIVE_BYTES_PER_PAIR = {"forward": 400, "forward+backward": 512}

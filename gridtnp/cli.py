@@ -4,6 +4,7 @@
 gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
 gridtnp plot --config recipes/gp1d_tnp.yaml --ckpt_path runs/.../last.ckpt --out plots/
 gridtnp list processor
+gridtnp list processor swin
 gridtnp list model --params
 gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-end 2019-03-21
 """
@@ -19,11 +20,12 @@ from typing import Any
 
 import lightning as L
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 from gridtnp.checkpointing import Checkpoint, CheckpointError, SaveConfig, checkpoint_step, resume_checkpoint
-from gridtnp.registry import KINDS, ConfigError, available, describe
+from gridtnp.registry import KINDS, ConfigError, available, describe, document
 
 __all__ = ["Checkpoint", "GridTNPCLI", "main"]
 
@@ -70,6 +72,27 @@ class GridTNPCLI(LightningCLI):
                 "checkpoint.last_every_n_steps": 1000,
             }
         )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse as LightningCLI does; ``--print_config`` prints the config with the model's components expanded
+        (preset resolved, every argument of every slot with the value the model builds it with) and exits."""
+        argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
+        if argv is None or not any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
+            super().parse_arguments(parser, args)
+            return
+        self.config = parser.parse_args([a for a in argv if not a.startswith("--print_config")])
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        init_args = config.get("model", {}).get("init_args")
+        from gridtnp.models.neural_process import MODEL_KEYS, SLOTS, expand_spec
+
+        if init_args is not None and all(slot in init_args for slot in SLOTS):
+            spec = {k: v for k, v in init_args.as_dict().items() if k in (*MODEL_KEYS, "preset")}
+            for key, value in {**expand_spec(spec), "preset": None}.items():
+                init_args[key] = value
+        config.pop("config", None)
+        print(self._parser(subcommand).dump(config, skip_none=False, skip_check=True), end="")
+        raise SystemExit(0)
 
     def before_fit(self) -> None:
         rank_zero = rank_zero_only.rank == 0  # the trainer's ranks are only set once fit starts
@@ -165,11 +188,18 @@ def run_lightning(args: list[str] | None = None) -> None:
 
 
 def list_components(args: list[str]) -> None:
-    """``gridtnp list [KIND] [--params]``: the registry, one component a line."""
-    parser = argparse.ArgumentParser(prog="gridtnp list", description="List registered components.")
+    """``gridtnp list [KIND [NAME]] [--params]``: the registry, one component a line, or one component in full."""
+    parser = argparse.ArgumentParser(
+        prog="gridtnp list",
+        description="List registered components; with KIND and NAME, show one component's description and arguments.",
+    )
     parser.add_argument("kind", nargs="?", choices=list(KINDS), help="only this kind")
+    parser.add_argument("name", nargs="?", help="one component of KIND: its docstring and arguments")
     parser.add_argument("--params", action="store_true", help="build each model preset and count its parameters")
     opts = parser.parse_args(args)
+    if opts.name is not None:
+        print(document(opts.kind, opts.name))
+        return
     kinds = [opts.kind] if opts.kind else list(KINDS)
     for kind in kinds:
         print(f"{kind}: {KINDS[kind]}")
@@ -180,6 +210,8 @@ def list_components(args: list[str]) -> None:
 
                 extra = f"  [{count_parameters(create_model(name)):,} parameters]"
             print(f"  {name:<24} {describe(kind, name)}{extra}")
+    if opts.kind:
+        print(f"\n`gridtnp list {opts.kind} NAME` shows one {opts.kind}'s arguments.")
 
 
 def main(argv: list[str] | None = None) -> None:

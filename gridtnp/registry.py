@@ -8,6 +8,11 @@
 
 Recipes name components by these strings; ``build`` checks keyword arguments against the
 component's signature so a typo in a recipe key fails with the list of accepted keys.
+
+Shared settings: the model passes each component the settings of ``SHARED[kind]`` that its constructor accepts
+(``dim``, ``grid``, ...), unless the recipe sets them itself. ``document(kind, name)`` (``gridtnp list KIND NAME``)
+shows a component's docstring, its arguments with types, defaults and meanings (from the ``Args:`` section of its
+docstring, or ``SHARED``), and which of them the model passes in.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import difflib
 import importlib
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import docstring_parser
 
 KINDS: dict[str, str] = {
     "encoder": "point-wise encoder: (x, y) at each observation -> token",
@@ -28,6 +36,39 @@ KINDS: dict[str, str] = {
     "model": "named presets: a whole five-slot model specification",
     "task": "synthetic task generators for SyntheticDataModule",
     "datamodule": "LightningDataModules",
+}
+
+#: What the model passes to each kind of component (when its constructor accepts it), and what it means.
+SHARED: dict[str, dict[str, str]] = {
+    "encoder": {
+        "dim": "token width D (the model's dim)",
+        "dim_x": "input dimension Dx (the model's dim_x)",
+        "dim_y": "output dimension Dy of the context source this encoder embeds",
+        "grid": "the model's grid",
+    },
+    "grid_encoder": {
+        "dim": "token width D (the model's dim)",
+        "dim_x": "input dimension Dx (the model's dim_x)",
+        "grid": "the model's grid",
+        "in_dim": "width of the point-wise encoders' tokens",
+        "sources": "names of the context sources",
+    },
+    "processor": {
+        "dim": "token width D (the model's dim)",
+        "dim_x": "input dimension Dx (the model's dim_x)",
+        "grid": "the grid the grid encoder writes to",
+    },
+    "grid_decoder": {
+        "dim": "token width D (the model's dim)",
+        "dim_x": "input dimension Dx (the model's dim_x)",
+        "grid": "the grid the grid encoder writes to",
+        "layers": "blocks, one per processor state read (the model passes the processor's number of states)",
+    },
+    "likelihood": {"dim": "token width D (the model's dim)", "dim_y": "output dimension Dy of the targets"},
+    "embedding": {"dim_x": "input dimension Dx (from the encoder)"},
+    "model": {"dim_x": "input dimension Dx", "dim_y": "output dimension Dy", "dim": "token width D"},
+    "task": {},
+    "datamodule": {},
 }
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
@@ -117,9 +158,12 @@ def build(kind: str, name: str, /, **kwargs: Any) -> Any:
         raise ConfigError(str(err) if name in str(err) else f"{kind} {name!r}: {err}") from err
 
 
-def build_from_spec(kind: str, spec: dict[str, Any] | str, /, **shared: Any) -> Any:
-    """Build from ``{"name": ..., **kwargs}`` (or a bare name), adding the ``shared`` keywords
-    the component accepts (``dim``, ``dim_x``, ...) unless the spec sets them itself."""
+def spec_arguments(kind: str, spec: dict[str, Any] | str, /, **shared: Any) -> tuple[str, dict[str, Any]]:
+    """The name and keyword arguments that ``build_from_spec`` builds ``spec`` with: its own keys plus the
+    ``shared`` settings the component accepts (``SHARED[kind]``: ``dim``, ``dim_x``, ...) that it does not set."""
+    undeclared = set(shared) - set(SHARED[kind])
+    if undeclared:  # a programming error, not a user's: every shared setting is declared (and documented) in SHARED
+        raise TypeError(f"build_from_spec: {sorted(undeclared)} are not shared settings of a {kind}; see SHARED.")
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict) or "name" not in spec:
@@ -133,10 +177,125 @@ def build_from_spec(kind: str, spec: dict[str, Any] | str, /, **shared: Any) -> 
     for key, value in shared.items():
         if key not in kwargs and (key in names or var_kw):
             kwargs[key] = value
+    return name, kwargs
+
+
+def build_from_spec(kind: str, spec: dict[str, Any] | str, /, **shared: Any) -> Any:
+    """Build from ``{"name": ..., **kwargs}`` (or a bare name), adding the ``shared`` keywords
+    the component accepts (``SHARED[kind]``: ``dim``, ``dim_x``, ...) unless the spec sets them itself."""
+    name, kwargs = spec_arguments(kind, spec, **shared)
     return build(kind, name, **kwargs)
+
+
+def with_defaults(kind: str, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``{"name": name, **kwargs}`` with every other constructor argument at its default, in signature order."""
+    full: dict[str, Any] = {"name": name}
+    for p in _signature(get(kind, name)):
+        if p.name in kwargs:
+            full[p.name] = kwargs[p.name]
+        elif p.default is not inspect.Parameter.empty:
+            full[p.name] = p.default
+    full.update({k: v for k, v in kwargs.items() if k not in full})
+    return full
 
 
 def describe(kind: str, name: str) -> str:
     """First line of the component's docstring, without reStructuredText literal markup."""
     doc = inspect.getdoc(get(kind, name)) or ""
     return doc.splitlines()[0].replace("``", "") if doc else ""
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One constructor argument of a component, as ``gridtnp list KIND NAME`` shows it."""
+
+    name: str
+    annotation: str
+    default: str | None  # None: required
+    doc: str
+    shared: bool  # passed in by the model (``SHARED[kind]``) unless the recipe sets it
+
+
+def _docstrings(fn: Callable[..., Any]) -> list[str]:
+    """The docstrings that may document ``fn``'s arguments: the class's and its ``__init__``'s, along the MRO."""
+    if not inspect.isclass(fn):
+        return [inspect.getdoc(fn) or ""]
+    docs = []
+    for cls in fn.__mro__:
+        if cls.__module__.startswith(("torch", "lightning", "builtins")):
+            break
+        docs += [
+            inspect.cleandoc(cls.__doc__ or ""),
+            inspect.cleandoc(cls.__dict__.get("__init__", object).__doc__ or ""),
+        ]
+    return docs
+
+
+def _signature(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    """Keyword parameters of ``fn`` (for a class, its ``__init__``, following ``**kwargs`` into the parents')."""
+    if not inspect.isclass(fn):
+        return list(inspect.signature(fn).parameters.values())
+    params: dict[str, inspect.Parameter] = {}
+    for cls in fn.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        if cls.__module__.startswith(("torch", "lightning", "builtins")):
+            break
+        own = list(inspect.signature(init).parameters.values())[1:]
+        for p in own:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                params.setdefault(p.name, p)
+        if not any(p.kind is p.VAR_KEYWORD for p in own):
+            break
+    return list(params.values())
+
+
+def arguments(kind: str, name: str) -> list[Argument]:
+    """The component's constructor arguments with types, defaults and one-line meanings."""
+    fn = get(kind, name)
+    documented: dict[str, str] = {}
+    for doc in _docstrings(fn):
+        for param in docstring_parser.parse(doc).params:
+            documented.setdefault(param.arg_name, " ".join((param.description or "").split()))
+    args = []
+    for p in _signature(fn):
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        # Annotations are kept as written (``from __future__ import annotations``): "int | None" reads well as is.
+        text = "" if p.annotation is inspect.Parameter.empty else _type_name(p.annotation)
+        default = None if p.default is inspect.Parameter.empty else repr(p.default)
+        shared = p.name in SHARED[kind]
+        doc = documented.get(p.name) or SHARED[kind].get(p.name, "")
+        args.append(Argument(p.name, text, default, doc, shared))
+    return args
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "").replace("collections.abc.", "")
+
+
+def document(kind: str, name: str) -> str:
+    """The component's docstring (without its Args section) and a table of its arguments, for ``gridtnp list``."""
+    fn = get(kind, name)
+    parsed = docstring_parser.parse(inspect.getdoc(fn) or "")
+    text = "\n\n".join(t for t in (parsed.short_description, parsed.long_description) if t)
+    lines = [f"{kind} {name!r} ({fn.__module__}.{fn.__qualname__})", ""]
+    lines += [f"  {line}" if line else "" for line in (text or "(no description)").replace("``", "").splitlines()]
+    args = arguments(kind, name)
+    lines += ["", "Arguments:" if args else "Arguments: none"]
+    for a in args:
+        head = f"  {a.name}" + (f": {a.annotation}" if a.annotation else "")
+        head += " (required)" if a.default is None and not a.shared else f" = {a.default}" if a.default else ""
+        lines.append(head)
+        lines.append(
+            f"      {a.doc.replace('``', '') or '(undocumented)'}" + ("  [set by the model]" if a.shared else "")
+        )
+    shared = [a.name for a in args if a.shared]
+    if shared:
+        lines += ["", f"Set by the model unless the recipe sets them: {', '.join(shared)}."]
+    return "\n".join(lines)

@@ -12,7 +12,7 @@ import gridtnp.nn.likelihoods  # noqa: F401  (registers the 'gaussian' likelihoo
 from gridtnp.nn.grid_decoders import KernelInterpolationDecoder
 from gridtnp.nn.grid_encoders import KernelInterpolationEncoder
 from gridtnp.nn.grids import Grid, se_weights
-from gridtnp.nn.processors import CNNProcessor, UNetProcessor, _GridConv, _GridConvTranspose
+from gridtnp.nn.processors import CNNProcessor, GridConv, GridConvTranspose, UNetProcessor
 from gridtnp.nn.tokens import Latent, Tokens
 from gridtnp.registry import build, build_from_spec
 from tests.conftest import grid_coords
@@ -185,12 +185,12 @@ def test_grid_convs_match_torch_padding(roll: tuple[bool, ...]) -> None:
     conv_cls, convt_cls = (nn.Conv1d, nn.ConvTranspose1d) if d == 1 else (nn.Conv2d, nn.ConvTranspose2d)
     x = torch.randn(2, 3, *[8] * d)
     for stride in (1, 2):
-        ours = _GridConv("test", grid, 3, 4, 5, stride=stride)
+        ours = GridConv("test", grid, 3, 4, 5, stride=stride)
         ref = conv_cls(3, 4, 5, stride=stride, padding=2, padding_mode=mode)
         ref.load_state_dict(ours.conv.state_dict())
         torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=1e-5)
     if not roll[0]:  # torch's transposed convs only zero-pad
-        ours_t = _GridConvTranspose("test", grid, 3, 4, 5)
+        ours_t = GridConvTranspose("test", grid, 3, 4, 5)
         ref_t = convt_cls(3, 4, 5, stride=2, padding=2, output_padding=1)
         ref_t.load_state_dict(ours_t.conv.state_dict())
         torch.testing.assert_close(ours_t(x), ref_t(x), atol=1e-5, rtol=1e-5)
@@ -198,7 +198,7 @@ def test_grid_convs_match_torch_padding(roll: tuple[bool, ...]) -> None:
 
 def test_transposed_conv_is_periodic_along_rolled_dims() -> None:
     grid = Grid([0.0], [1.0], [8], roll=[True])
-    up = _GridConvTranspose("test", grid, 2, 3, 5)
+    up = GridConvTranspose("test", grid, 2, 3, 5)
     x = torch.randn(1, 2, 8)
     out = up(x)
     assert out.shape == (1, 3, 16)

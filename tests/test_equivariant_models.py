@@ -111,7 +111,7 @@ def test_random_target_initialisation_is_random():
 
 
 def test_te_processor_needs_locations():
-    from gridtnp.nn.equivariant import TETransformerProcessor
+    from gridtnp.nn.processors import TETransformerProcessor
     from gridtnp.nn.tokens import Latent
 
     with pytest.raises(ValueError, match="needs the tokens' locations"):

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from gridtnp.nn.equivariant import TEKNNDecoder
+from gridtnp.nn.attention import SelfAttentionBlock, TEAttention
+from gridtnp.nn.chunking import map_query_chunks
+from gridtnp.nn.grid_decoders import TEKNNDecoder
 from gridtnp.nn.grids import Grid
-from gridtnp.nn.te_attention import TEAttention, TESelfAttentionBlock, map_query_chunks
 from gridtnp.nn.tokens import Latent
 
 DIM, HEADS, HEAD_DIM = 16, 4, 4
@@ -95,17 +96,19 @@ def test_rotation_variant_is_rotation_invariant_and_updates_rotate():
 
 def test_self_attention_block_padding_and_location_updates():
     """Padded keys change nothing; with update_locations the locations move, equivariantly."""
-    block = TESelfAttentionBlock(DIM, 2, HEADS, HEAD_DIM, 32, update_locations=True, max_pairs=16)
+    block = SelfAttentionBlock(
+        DIM, mlp_dim=32, attention=TEAttention(DIM, 2, HEADS, HEAD_DIM, update_locations=True, max_pairs=16)
+    )
     z, x = torch.randn(2, 6, DIM), torch.randn(2, 6, 2)
     mask = torch.ones(2, 6, dtype=torch.bool)
-    z2, x2 = block(z, x, mask)
+    z2, x2 = block(z, mask, x)
     pad_z, pad_x = torch.cat([z, 9 * torch.randn(2, 3, DIM)], 1), torch.cat([x, 40 * torch.randn(2, 3, 2)], 1)
     pad_mask = torch.cat([mask, torch.zeros(2, 3, dtype=torch.bool)], 1)
-    z3, x3 = block(pad_z, pad_x, pad_mask)
+    z3, x3 = block(pad_z, pad_mask, pad_x)
     torch.testing.assert_close(z3[:, :6], z2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(x3[:, :6], x2, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(x2, x)
-    z4, x4 = block(z, x + 5.0, mask)
+    z4, x4 = block(z, mask, x + 5.0)
     torch.testing.assert_close(z4, z2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(x4, x2 + 5.0, atol=1e-5, rtol=1e-5)
 
@@ -137,11 +140,11 @@ def test_te_knn_decoder_is_equivariant_to_moving_grid_and_targets():
 
 def test_cpu_chunks_release_freed_memory_periodically(monkeypatch):
     """Every RELEASE_EVERY-th chunk on the CPU hands freed heap pages back (glibc keeps them resident otherwise)."""
-    from gridtnp.nn import te_attention
+    from gridtnp.nn import chunking
 
     calls = []
-    monkeypatch.setattr(te_attention, "release_cpu_memory", lambda: calls.append(1))
-    n = 3 * te_attention.RELEASE_EVERY + 1
+    monkeypatch.setattr(chunking, "release_cpu_memory", lambda: calls.append(1))
+    n = 3 * chunking.RELEASE_EVERY + 1
     map_query_chunks(lambda s, e: s, num_queries=n, num_keys=1, max_pairs=1, cpu=True)
     assert len(calls) == 3
     map_query_chunks(lambda s, e: s, num_queries=n, num_keys=1, max_pairs=1, cpu=False)

@@ -26,7 +26,8 @@ from torch.distributions import Distribution
 from gridtnp.batch import DEFAULT_SOURCE, Observations
 from gridtnp.nn.grids import Grid, as_grid
 from gridtnp.nn.tokens import Tokens
-from gridtnp.registry import ConfigError, accepted_arguments, build_from_spec, get
+from gridtnp.registry import ConfigError, accepted_arguments, get, spec_arguments, with_defaults
+from gridtnp.registry import build as build_component
 
 SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
 MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid")
@@ -122,6 +123,17 @@ def resolve_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 def build_model(spec: dict[str, Any]) -> NeuralProcess:
     """A ``NeuralProcess`` from a specification (see the module docstring) or ``{"preset": ...}``."""
+    return _build(spec)[0]
+
+
+def expand_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The specification as built: the preset resolved, and every slot with all its arguments spelled out (what the
+    recipe set, what the model passed in, and each default). Building the result gives the same model."""
+    return _build(spec)[1]
+
+
+def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
+    """The model and its expanded specification."""
     spec = resolve_spec(spec)
     unknown = set(spec) - set(MODEL_KEYS)
     if unknown:
@@ -147,37 +159,57 @@ def build_model(spec: dict[str, Any]) -> NeuralProcess:
         grid = as_grid(spec.get("grid"))
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    expanded: dict[str, Any] = {
+        "dim": dim,
+        "dim_x": dim_x,
+        "dim_y": dim_y,
+        "target_source": target_source,
+        "target_dim_y": target_dim_y,
+        "grid": None if grid is None else grid.to_dict(),
+    }
+
+    def build(kind: str, slot_spec: dict[str, Any] | str, **shared: Any) -> tuple[Any, dict[str, Any]]:
+        """A component and its expanded spec (grids written as recipe mappings)."""
+        name, kwargs = spec_arguments(kind, slot_spec, **shared)
+        if isinstance(kwargs.get("grid"), dict):  # a grid written out in a component's own spec
+            kwargs["grid"] = as_grid(kwargs["grid"])
+        full = with_defaults(kind, name, kwargs)
+        return build_component(kind, name, **kwargs), {k: recipe_value(v) for k, v in full.items()}
 
     encoder_spec = spec["encoder"]
     per_source = isinstance(encoder_spec, dict) and "name" not in encoder_spec and set(encoder_spec) <= set(sources)
-    encoders = nn.ModuleDict(
-        {
-            source: build_from_spec(
-                "encoder",
-                encoder_spec[source] if per_source else encoder_spec,
-                dim=dim,
-                dim_x=dim_x,
-                dim_y=dy,
-                grid=grid,
-            )
-            for source, dy in sources.items()
-        }
-    )
+    encoders, encoder_specs = nn.ModuleDict(), {}
+    for source, dy in sources.items():
+        own = encoder_spec[source] if per_source else encoder_spec
+        encoders[source], encoder_specs[source] = build("encoder", own, dim=dim, dim_x=dim_x, dim_y=dy, grid=grid)
+    if per_source:
+        expanded["encoder"] = encoder_specs
+    else:  # one spec for every source: the sources' specs differ only in the dim_y the model passes to each
+        expanded["encoder"] = {k: v for k, v in next(iter(encoder_specs.values())).items() if k != "dim_y"}
     widths = {getattr(e, "out_dim", dim) for e in encoders.values()}
     if len(widths) != 1:
         raise ConfigError(f"all sources' encoders must produce tokens of one width; got {sorted(widths)}.")
     shared = {"dim": dim, "dim_x": dim_x, "grid": grid}
-    grid_encoder = build_from_spec(
+    grid_encoder, expanded["grid_encoder"] = build(
         "grid_encoder", spec["grid_encoder"], in_dim=widths.pop(), sources=list(sources), **shared
     )
     # A grid encoder may encode onto a coarser grid than the model's (``coarsen``): what follows works on that one.
     shared["grid"] = getattr(grid_encoder, "grid", None) or grid
-    processor = build_from_spec("processor", spec["processor"], **shared)
-    grid_decoder = build_from_spec(
-        "grid_decoder", spec["grid_decoder"], layers=getattr(processor, "num_states", 1), **shared
-    )
-    likelihood = build_from_spec("likelihood", spec["likelihood"], dim=dim, dim_y=target_dim_y)
-    return NeuralProcess(encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid)
+    processor, expanded["processor"] = build("processor", spec["processor"], **shared)
+    layers = getattr(processor, "num_states", 1)
+    grid_decoder, expanded["grid_decoder"] = build("grid_decoder", spec["grid_decoder"], layers=layers, **shared)
+    likelihood, expanded["likelihood"] = build("likelihood", spec["likelihood"], dim=dim, dim_y=target_dim_y)
+    model = NeuralProcess(encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid)
+    return model, expanded
+
+
+def recipe_value(value: Any) -> Any:
+    """A value as a recipe writes it: a ``Grid`` as its mapping, tuples as lists."""
+    if isinstance(value, Grid):
+        return value.to_dict()
+    if isinstance(value, tuple | list):
+        return [recipe_value(v) for v in value]
+    return value
 
 
 def create_model(name: str, **kwargs: Any) -> NeuralProcess:

@@ -38,46 +38,52 @@ def cnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128) -> Spec:
     )
 
 
+def _tnp_like(processor: Spec, dim_x: int, dim_y: int, dim: int) -> Spec:
+    """MLP tokens, the context as a set, ``processor``, MHCA from the targets after each of its layers."""
+    return _spec(
+        {"name": "mlp"}, {"name": "identity"}, processor, {"name": "cross_attention"}, dim_x=dim_x, dim_y=dim_y, dim=dim
+    )
+
+
 @register("model", "tnp")
 def tnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5) -> Spec:
-    """TNP: MHSA on the context, MHCA from context into targets after each layer (Nguyen & Grover 2022)."""
-    return _spec(
-        {"name": "mlp"},
-        {"name": "identity"},
-        {"name": "transformer", "layers": layers},
-        {"name": "cross_attention"},
-        dim_x=dim_x,
-        dim_y=dim_y,
-        dim=dim,
-    )
+    """TNP: MHSA on the context, MHCA from context into targets after each layer (Nguyen & Grover 2022).
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        layers: context MHSA layers (each followed by a target MHCA block).
+    """
+    return _tnp_like({"name": "transformer", "layers": layers}, dim_x, dim_y, dim)
 
 
 @register("model", "pt_tnp_ist")
 def pt_tnp_ist(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5, num_tokens: int = 128) -> Spec:
-    """PT-TNP, IST style: U <- MHCA(U; Zc), zt <- MHCA(zt; U), Zc <- MHCA(Zc; U) per layer."""
-    return _spec(
-        {"name": "mlp"},
-        {"name": "identity"},
-        {"name": "ist", "layers": layers, "num_tokens": num_tokens},
-        {"name": "cross_attention"},
-        dim_x=dim_x,
-        dim_y=dim_y,
-        dim=dim,
-    )
+    """PT-TNP, IST style: U <- MHCA(U; Zc), zt <- MHCA(zt; U), Zc <- MHCA(Zc; U) per layer.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        layers: pseudo-token layers (each followed by a target MHCA block).
+        num_tokens: number of pseudo-tokens M.
+    """
+    return _tnp_like({"name": "ist", "layers": layers, "num_tokens": num_tokens}, dim_x, dim_y, dim)
 
 
 @register("model", "pt_tnp_perceiver")
 def pt_tnp_perceiver(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5, num_tokens: int = 128) -> Spec:
-    """PT-TNP, perceiver / LBANP style: U <- MHSA(MHCA(U; Zc)) per layer, targets read each U."""
-    return _spec(
-        {"name": "mlp"},
-        {"name": "identity"},
-        {"name": "perceiver", "layers": layers, "num_tokens": num_tokens},
-        {"name": "cross_attention"},
-        dim_x=dim_x,
-        dim_y=dim_y,
-        dim=dim,
-    )
+    """PT-TNP, perceiver / LBANP style: U <- MHSA(MHCA(U; Zc)) per layer, targets read each U.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        layers: pseudo-token layers (each followed by a target MHCA block).
+        num_tokens: number of pseudo-tokens M.
+    """
+    return _tnp_like({"name": "perceiver", "layers": layers, "num_tokens": num_tokens}, dim_x, dim_y, dim)
 
 
 @register("model", "convcnp")
@@ -162,8 +168,12 @@ def vitnp(
     )
 
 
-def _te(variant: str, rotation: bool, update_locations: bool) -> Spec:
-    return {"variant": variant, "rotation": rotation, "update_locations": update_locations}
+def _te_like(processor: Spec, variant: str, rotation: bool, update_locations: bool, **shared: Any) -> Spec:
+    """Value-only tokens, the context as a located set, a TE ``processor``, TE-MHCA into the targets per layer."""
+    te = {"variant": variant, "rotation": rotation, "update_locations": update_locations}
+    return _spec(
+        {"name": "value"}, {"name": "identity"}, {**processor, **te}, {"name": "te_cross_attention", **te}, **shared
+    )
 
 
 @register("model", "te_tnp")
@@ -176,17 +186,19 @@ def te_tnp(
     rotation: bool = False,
     update_locations: bool = False,
 ) -> Spec:
-    """TE-TNP (Ashman et al. 2024): value-only tokens, TE-MHSA on the context, TE-MHCA into the targets per layer."""
-    te = _te(variant, rotation, update_locations)
-    return _spec(
-        {"name": "value"},
-        {"name": "identity"},
-        {"name": "te_transformer", "layers": layers, **te},
-        {"name": "te_cross_attention", **te},
-        dim_x=dim_x,
-        dim_y=dim_y,
-        dim=dim,
-    )
+    """TE-TNP (Ashman et al. 2024): value-only tokens, TE-MHSA on the context, TE-MHCA into the targets per layer.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        layers: context TE-MHSA layers (each followed by a target TE-MHCA block).
+        variant: TE attention variant, ``post`` or ``pre``.
+        rotation: rotation-invariant attention (rho sees distances only).
+        update_locations: update the locations in every block (eq. 10).
+    """
+    processor = {"name": "te_transformer", "layers": layers}
+    return _te_like(processor, variant, rotation, update_locations, dim_x=dim_x, dim_y=dim_y, dim=dim)
 
 
 @register("model", "te_pt_tnp")
@@ -200,17 +212,20 @@ def te_pt_tnp(
     rotation: bool = False,
     update_locations: bool = False,
 ) -> Spec:
-    """TE-PT-TNP: pseudo-tokens at pseudo-locations (eq. 11), TE-MHCA from the context and TE-MHSA per layer."""
-    te = _te(variant, rotation, update_locations)
-    return _spec(
-        {"name": "value"},
-        {"name": "identity"},
-        {"name": "te_perceiver", "layers": layers, "num_tokens": num_tokens, **te},
-        {"name": "te_cross_attention", **te},
-        dim_x=dim_x,
-        dim_y=dim_y,
-        dim=dim,
-    )
+    """TE-PT-TNP: pseudo-tokens at pseudo-locations (eq. 11), TE-MHCA from the context and TE-MHSA per layer.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        layers: pseudo-token layers (each followed by a target TE-MHCA block).
+        num_tokens: number of pseudo-tokens M.
+        variant: TE attention variant, ``post`` or ``pre``.
+        rotation: rotation-invariant attention (rho sees distances only).
+        update_locations: update the locations in every block (eq. 10).
+    """
+    processor = {"name": "te_perceiver", "layers": layers, "num_tokens": num_tokens}
+    return _te_like(processor, variant, rotation, update_locations, dim_x=dim_x, dim_y=dim_y, dim=dim)
 
 
 @register("model", "rcnp")

@@ -1,18 +1,17 @@
-"""Pipeline components, one concept per module, in the order data flows through them:
+"""Pipeline components, one module (or package) per stage, in the order data flows through them:
 
-``embeddings`` -> ``encoders`` -> ``grid_encoders`` -> ``processors`` -> ``grid_decoders`` -> ``likelihoods``,
-with ``attention`` (MHSA / MHCA blocks), ``grids`` (coordinates, index arithmetic) and ``tokens``
-(the containers passed between stages). ``te_attention`` (translation-equivariant attention) and ``equivariant``
-(TE-TNP, TE-PT-TNP, RCNP, TE k-NN decoder) and ``sparse_attention`` (MSA, TFS) add components to the same slots.
+``embeddings`` -> ``encoders`` -> ``grid_encoders`` -> ``processors`` -> ``grid_decoders`` -> ``likelihoods``.
+Layers they share: ``attention`` (plain and translation-equivariant attention, the pre-norm blocks), ``grids``
+(coordinates, index arithmetic, kernels), ``chunking`` (bounded-memory pairwise work) and ``tokens`` (the
+containers passed between stages). Model families (TE-TNPs, MSA/TFS, ...) are presets over these stages
+(``gridtnp.models.presets``), not modules of their own.
 """
 
-from gridtnp.nn import (  # noqa: F401
+from gridtnp.nn import (  # noqa: F401  (importing registers every component)
     embeddings,
     encoders,
-    equivariant,
     grid_decoders,
     grid_encoders,
     likelihoods,
     processors,
-    sparse_attention,
 )

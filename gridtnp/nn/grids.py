@@ -126,6 +126,15 @@ class Grid:
             diff = torch.where(torch.tensor(self.roll, device=diff.device), wrapped, diff)
         return diff
 
+    def to_dict(self) -> dict[str, list]:
+        """The recipe mapping ``{lower, upper, shape, roll}`` that ``as_grid`` reads back."""
+        return {
+            "lower": list(self.lower),
+            "upper": list(self.upper),
+            "shape": list(self.shape),
+            "roll": list(self.roll),
+        }
+
     def __repr__(self) -> str:
         lower, upper, shape, roll = map(list, (self.lower, self.upper, self.shape, self.roll))
         return f"Grid(lower={lower}, upper={upper}, shape={shape}, roll={roll})"

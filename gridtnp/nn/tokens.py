@@ -52,3 +52,27 @@ class Latent:
         """Tokens as a set ``[B, M, D]`` (grids flattened row-major) and the key mask ``[B, M]`` or None."""
         t = self.tokens
         return t.reshape(t.shape[0], -1, t.shape[-1]), self.mask
+
+    def as_set(self) -> tuple[Tensor, Tensor]:
+        """``flat()`` with a mask ``[B, M]`` that is all True when the latent has none."""
+        z, mask = self.flat()
+        return z, torch.ones(z.shape[:2], dtype=torch.bool, device=z.device) if mask is None else mask
+
+    def locations(self, where: str) -> Tensor:
+        """The tokens' locations ``x [B, M, Dx]``; ``where`` names the component that needs them in the error."""
+        if self.x is None:
+            raise ValueError(
+                f"{where} needs the tokens' locations (Latent.x); use grid encoder 'identity', which keeps them, "
+                "and a TE processor."
+            )
+        return self.x
+
+
+def last_states(states: list[Latent], layers: int, name: str) -> list[Latent]:
+    """The last ``layers`` states, with a clear error if the processor produced fewer."""
+    if len(states) < layers:
+        raise ValueError(
+            f"grid decoder {name!r} has {layers} blocks but the processor produced {len(states)} state(s); "
+            f"set the decoder's layers <= the processor's layers."
+        )
+    return states[len(states) - layers :]

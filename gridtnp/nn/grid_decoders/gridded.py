@@ -1,77 +1,31 @@
-"""Grid decoders: processor states + target tokens ``zt [B, Nt, D]`` at ``xt [B, Nt, Dx]`` -> ``[B, Nt, D]``.
+"""Grid decoders that read grid states: ``knn``, ``te_knn`` and ``kernel_interpolation``.
 
-A decoder with ``layers = L`` reads the last ``L`` processor states, one block per state, so targets
-are refreshed after every processor layer as in the TNP (eq. 9); ``layers = 1`` reads the final state.
+Interface: ``decoder(states: list[Latent], zt [B, Nt, D], xt [B, Nt, Dx]) -> [B, Nt, D]``. The states are grid
+tokens ``[B, M1..Md, D]``; a state may carry its own (coarser) grid, else the decoder's ``grid`` is used. Neighbours
+are found by index arithmetic on the regular grid (``Grid.neighbours``), ``O(N_t k)``, never by a distance matrix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import CrossAttentionBlock, mlp
+from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, mlp, te_attention
 from gridtnp.nn.grids import Grid, initial_lengthscale, se_weights
-from gridtnp.nn.tokens import Latent
+from gridtnp.nn.tokens import Latent, last_states
 from gridtnp.registry import register
 
 
-def last_states(states: list[Latent], layers: int, name: str) -> list[Latent]:
-    """The last ``layers`` states, with a clear error if the processor produced fewer."""
-    if len(states) < layers:
-        raise ValueError(
-            f"grid decoder {name!r} has {layers} blocks but the processor produced {len(states)} state(s); "
-            f"set the decoder's layers <= the processor's layers."
-        )
-    return states[len(states) - layers :]
-
-
-@register("grid_decoder", "cross_attention")
-class CrossAttentionDecoder(nn.Module):
-    """MHCA from each target token to every pseudo-token (masked set or flattened grid), one block per state.
-
-    On grid latents this is the gridded TNP paper's "full" decoder (Ashman et al.): every target attends to all
-    ``M`` grid tokens, ``O(N_t M)``; ``knn`` is the local alternative.
-    """
-
-    def __init__(self, dim: int = 128, layers: int = 1, heads: int = 8, head_dim: int = 16, mlp_dim: int = 128) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(CrossAttentionBlock(dim, heads, head_dim, mlp_dim) for _ in range(layers))
-
-    def forward(self, states: list[Latent], zt: Tensor, xt: Tensor) -> Tensor:
-        for block, state in zip(self.blocks, last_states(states, len(self.blocks), "cross_attention"), strict=True):
-            z, mask = state.flat()
-            zt = block(zt, z, mask)
-        return zt
-
-
-@register("grid_decoder", "concat")
-class ConcatDecoder(nn.Module):
-    """CNP decoder: MLP on ``cat[zt, r]`` with ``r`` the single aggregated token ``[B, 1, D]``."""
-
-    def __init__(self, dim: int = 128, hidden: int | None = None, layers: int = 3) -> None:
-        super().__init__()
-        self.net = mlp(2 * dim, dim, hidden or dim, layers)
-
-    def forward(self, states: list[Latent], zt: Tensor, xt: Tensor) -> Tensor:
-        r, _ = states[-1].flat()
-        if r.shape[1] != 1:
-            raise ValueError(
-                f"grid decoder 'concat' needs one aggregated token [B, 1, D]; got {tuple(r.shape)}. "
-                "Use processor 'mean'."
-            )
-        return self.net(torch.cat([zt, r.expand(-1, zt.shape[1], -1)], dim=-1))
-
-
-def _gather_rows(t: Tensor, index: Tensor) -> Tensor:
+def gather_rows(t: Tensor, index: Tensor) -> Tensor:
     """Rows of ``t [B, M, C]`` at ``index [B, Nt, K]`` -> ``[B, Nt, K, C]`` (one ``index_select``, no per-item loop)."""
     b, m, c = t.shape
     offset = torch.arange(b, device=index.device).view(b, 1, 1) * m
     return t.reshape(b * m, c).index_select(0, (index + offset).reshape(-1)).view(*index.shape, c)
 
 
-def _gather_heads(t: Tensor, index: Tensor) -> Tensor:
+def gather_heads(t: Tensor, index: Tensor) -> Tensor:
     """Per-head rows of ``t [B, H, M, Dh]`` at ``index [B, Nt, K]`` -> ``[B * Nt, H, K, Dh]``, contiguous for SDPA."""
     b, h, m, dh = t.shape
     # Row (b, h, m) of the flattened table; gathering per head gives SDPA's layout without a transposed copy.
@@ -83,7 +37,7 @@ def _gather_heads(t: Tensor, index: Tensor) -> Tensor:
     return t.reshape(b * h * m, dh).index_select(0, rows).view(b * index.shape[1], h, index.shape[2], dh)
 
 
-def _state_grid(state: Latent, grid: Grid | None, name: str) -> Grid:
+def state_grid(state: Latent, grid: Grid | None, name: str) -> Grid:
     """The grid of ``state`` (a processor may coarsen it), else the decoder's own; checks the token shape."""
     grid = state.grid if state.grid is not None else grid
     if grid is None or state.mask is not None or tuple(state.tokens.shape[1:-1]) != grid.shape:
@@ -145,7 +99,7 @@ class KernelInterpolationDecoder(nn.Module):
         return self.log_lengthscale.exp()
 
     def forward(self, states: list[Latent], zt: Tensor, xt: Tensor) -> Tensor:
-        grid = _state_grid(states[-1], self.grid, "kernel_interpolation")
+        grid = state_grid(states[-1], self.grid, "kernel_interpolation")
         u, _ = states[-1].flat()  # [B, M, D]
         u = u.float()
         lengthscale = self.lengthscale
@@ -174,20 +128,27 @@ class KernelInterpolationDecoder(nn.Module):
         g = grid.points(xt.device).reshape(-1, grid.ndim)[index]  # [B, n, K, d]
         diff = grid.difference(xt.unsqueeze(-2), g) / lengthscale.float()
         weights = torch.exp(-0.5 * diff.square().sum(-1)) * valid  # [B, n, K]
-        return (weights.unsqueeze(-2) @ _gather_rows(u, index)).squeeze(-2)
+        return (weights.unsqueeze(-2) @ gather_rows(u, index)).squeeze(-2)
 
 
 class NeighbourCrossAttentionBlock(CrossAttentionBlock):
     """Pre-norm MHCA + MLP where each target ``[B, Nt, D]`` attends only to its own ``K`` gathered grid tokens.
 
     Same parameters as ``CrossAttentionBlock`` (a dense block with a neighbourhood mask is the reference), plus,
-    with ``rel_dim``, an MLP embedding of the target-to-grid-point offset that is added to the gathered keys.
+    with ``rel_dim``, an MLP embedding of the target-to-grid-point offset that is added to the gathered keys. With a
+    ``TEAttention`` the offsets enter the logits through its ``rho`` instead.
     """
 
     def __init__(
-        self, dim: int = 128, heads: int = 8, head_dim: int = 16, mlp_dim: int = 128, rel_dim: int | None = None
+        self,
+        dim: int = 128,
+        heads: int = 8,
+        head_dim: int = 16,
+        mlp_dim: int = 128,
+        rel_dim: int | None = None,
+        attention: MultiHeadAttention | None = None,
     ) -> None:
-        super().__init__(dim, heads, head_dim, mlp_dim)
+        super().__init__(dim, heads, head_dim, mlp_dim, attention=attention)
         self.rel = mlp(rel_dim, heads * head_dim, mlp_dim) if rel_dim else None
 
     def forward(  # type: ignore[override]
@@ -195,22 +156,27 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
     ) -> Tensor:
         """``zq [B, Nt, D]`` attends to ``zkv [B, M, D]`` at ``index, valid [B, Nt, K]`` -> ``[B, Nt, D]``.
 
-        ``offset [B, Nt, K, d]`` is the target-to-grid-point offset in grid spacings, used with ``rel_dim``.
+        ``offset [B, Nt, K, d]`` is the target-to-grid-point offset in grid spacings, used with ``rel_dim`` or TE
+        attention.
         """
         b, nt, k = index.shape
-        heads, head_dim = self.attn.heads, self.attn.head_dim
+        attn = self.attn
         # Keys/values are projected once on the grid ([B, H, M, Dh]) and then gathered, not projected per copy.
-        keys, values = self.attn.project_kv(self.norm_kv(zkv))
-        keys, values = _gather_heads(keys, index), _gather_heads(values, index)  # [B*Nt, H, K, Dh]
+        keys, values = attn.project_kv(self.norm_kv(zkv))
+        keys, values = gather_heads(keys, index), gather_heads(values, index)  # [B*Nt, H, K, Dh]
+        if (self.rel is not None or attn.located) and offset is None:
+            raise ValueError("NeighbourCrossAttentionBlock with rel_dim or TE attention needs the neighbours' offsets.")
         if self.rel is not None:
-            if offset is None:
-                raise ValueError("NeighbourCrossAttentionBlock with rel_dim needs the offsets of the neighbours.")
-            rel = self.rel(offset.to(self.rel[0].weight.dtype)).view(b * nt, k, heads, head_dim).transpose(1, 2)
-            keys = keys + rel
-        # Targets become the batch dimension: one SDPA call, queries [B*Nt, H, 1, Dh] vs keys [B*Nt, H, K, Dh].
+            rel = self.rel(offset.to(self.rel[0].weight.dtype))
+            keys = keys + rel.view(b * nt, k, attn.heads, attn.head_dim).transpose(1, 2)
+        # Targets become the batch dimension: one attention call, queries [B*Nt, 1, D] vs keys [B*Nt, H, K, Dh].
         q = self.norm_q(zq).reshape(b * nt, 1, zq.shape[-1])
-        zq = zq + self.attn.attend(q, keys, values, valid.reshape(b * nt, k)).view(zq.shape)
-        return zq + self.mlp(self.norm2(zq))
+        key_mask = valid.reshape(b * nt, k)
+        if attn.located:
+            out = attn.attend(q, keys, values, key_mask, offset.reshape(b * nt, 1, k, -1))
+        else:
+            out = attn.attend(q, keys, values, key_mask)
+        return self.mix(zq, out.view(zq.shape))
 
 
 @register("grid_decoder", "knn")
@@ -240,30 +206,33 @@ class KNNDecoder(nn.Module):
         dim_x: int | None = None,
     ) -> None:
         super().__init__()
+        rel_dim = (
+            offset_dim(grid, dim_x, f"grid decoder '{self.registry_name}' with relative_position")
+            if relative_position
+            else None
+        )
+        self.build(grid, k, layers, lambda: NeighbourCrossAttentionBlock(dim, heads, head_dim, mlp_dim, rel_dim))
+
+    def build(self, grid: Grid | None, k: int, layers: int, block: Callable[[], NeighbourCrossAttentionBlock]) -> None:
+        """Check ``k`` and ``layers``, then make ``layers`` blocks."""
+        name = self.registry_name
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(
-                f"grid decoder 'knn': k (the number of grid neighbours per target) must be >= 1; got {k!r}."
+                f"grid decoder {name!r}: k (the number of grid neighbours per target) must be >= 1; got {k!r}."
             )
         if layers < 1:
-            raise ValueError(f"grid decoder 'knn': layers must be >= 1; got {layers}.")
-        rel_dim = None
-        if relative_position:
-            rel_dim = dim_x if dim_x is not None else (grid.ndim if grid is not None else None)
-            if rel_dim is None:
-                raise ValueError("grid decoder 'knn' with relative_position needs dim_x or grid to size the embedding.")
+            raise ValueError(f"grid decoder {name!r}: layers must be >= 1; got {layers}.")
         self.grid, self.k = grid, k
-        self.blocks = nn.ModuleList(
-            NeighbourCrossAttentionBlock(dim, heads, head_dim, mlp_dim, rel_dim) for _ in range(layers)
-        )
+        self.blocks = nn.ModuleList(block() for _ in range(layers))
 
     def forward(self, states: list[Latent], zt: Tensor, xt: Tensor) -> Tensor:
         """Target tokens ``zt [B, Nt, D]`` at ``xt [B, Nt, Dx]`` -> ``[B, Nt, D]``."""
         xt = xt.float()  # coordinates such as longitudes lose too much in bf16
         neighbourhoods: dict[Grid, tuple[Tensor, Tensor, Tensor | None]] = {}  # one lookup per distinct grid
-        for block, state in zip(self.blocks, last_states(states, len(self.blocks), "knn"), strict=True):
-            grid = _state_grid(state, self.grid, "knn")
+        for block, state in zip(self.blocks, last_states(states, len(self.blocks), self.registry_name), strict=True):
+            grid = state_grid(state, self.grid, self.registry_name)
             if grid not in neighbourhoods:
-                neighbourhoods[grid] = self._neighbours(grid, xt, block.rel is not None)
+                neighbourhoods[grid] = self._neighbours(grid, xt, block.rel is not None or block.attn.located)
             zt = block(zt, state.flat()[0], *neighbourhoods[grid])
         return zt
 
@@ -271,10 +240,64 @@ class KNNDecoder(nn.Module):
         """Flat indices and validity ``[B, Nt, K]`` of the neighbours and, if needed, offsets ``[B, Nt, K, d]``."""
         if xt.shape[-1] != grid.ndim:
             raise ValueError(
-                f"grid decoder 'knn': xt has {xt.shape[-1]} input dimension(s) but the grid {grid} has {grid.ndim}."
+                f"grid decoder {self.registry_name!r}: xt has {xt.shape[-1]} input dimension(s) but the grid "
+                f"{grid} has {grid.ndim}."
             )
         index, valid = grid.neighbours(xt, self.k)
         if not offsets:
             return index, valid, None
         g = grid.points(xt.device).reshape(-1, grid.ndim)[index]  # [B, Nt, K, d]
         return index, valid, grid.difference(xt.unsqueeze(-2), g) / xt.new_tensor(grid.spacing)
+
+
+def offset_dim(grid: Grid | None, dim_x: int | None, where: str) -> int:
+    """The number of offset features of a target-to-grid-point offset: ``dim_x``, else the grid's dimension."""
+    if dim_x is not None:
+        return dim_x
+    if grid is None:
+        raise ValueError(f"{where} needs dim_x or grid to size the offset features.")
+    return grid.ndim
+
+
+@register("grid_decoder", "te_knn")
+class TEKNNDecoder(KNNDecoder):
+    """k-NN grid decoder with TE attention: logits are an MLP of dot products and target-to-grid-point offsets.
+
+    Each target attends to its ``k`` nearest grid tokens; the offsets are ``(x_t - g) / spacing`` (wrapped along
+    rolled dimensions), so only where a grid point lies relative to the target matters, not where the target is.
+    Same neighbour search as ``knn`` (``O(N_t k)``), one block per processor state.
+
+    Args:
+        grid: the model's grid (passed by the model).
+        dim: token width D.
+        k: grid neighbours per target.
+        layers: blocks, one per processor state read (the model passes the processor's number of states).
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP.
+        dim_x: input dimension Dx (sizes the offset features; the grid's dimension if not given).
+        variant: ``post`` (rho of dot products and offsets) or ``pre`` (dot products plus rho of offsets).
+        rotation: rho sees the offset's length (in grid spacings) only.
+        rho_hidden: hidden width of rho.
+    """
+
+    def __init__(
+        self,
+        grid: Grid | None = None,
+        dim: int = 128,
+        k: int = 9,
+        layers: int = 1,
+        heads: int = 8,
+        head_dim: int = 16,
+        mlp_dim: int = 128,
+        dim_x: int | None = None,
+        variant: str = "post",
+        rotation: bool = False,
+        rho_hidden: int = 32,
+    ) -> None:
+        nn.Module.__init__(self)  # not KNNDecoder's: its blocks have plain attention
+        rel_dim = offset_dim(grid, dim_x, f"grid decoder '{self.registry_name}'")
+        attention = te_attention(dim, rel_dim, heads, head_dim, variant, rotation, rho_hidden, False, None)
+        self.build(
+            grid, k, layers, lambda: NeighbourCrossAttentionBlock(dim, heads, head_dim, mlp_dim, attention=attention())
+        )

@@ -1,0 +1,39 @@
+"""Processors: update the pseudo-tokens and return one state per layer.
+
+Interface: ``processor(latent: Latent) -> list[Latent]`` with ``num_states`` entries, each of the same layout as the
+output (a grid ``[B, M1..Md, D]`` or a set ``[B, N, D]`` with its mask and, for TE models, locations), so that a
+TNP-style decoder can refresh the targets after every layer (TNP eq. 9); decoders that read only the final state
+use the last entry.
+
+* ``sets``: ``transformer``, ``mean``, ``identity``, ``ist``, ``perceiver``, ``te_transformer``, ``te_perceiver``.
+* ``convolutional``: ``cnn``, ``unet`` (ConvCNP).
+* ``grid_transformers``: ``swin``, ``vit`` (gridded TNPs).
+"""
+
+from gridtnp.nn.processors.convolutional import CNNProcessor, GridConv, GridConvTranspose, UNetProcessor
+from gridtnp.nn.processors.grid_transformers import SwinProcessor, ViTProcessor
+from gridtnp.nn.processors.sets import (
+    IdentityProcessor,
+    InducedSetProcessor,
+    MeanProcessor,
+    PerceiverProcessor,
+    TEPerceiverProcessor,
+    TETransformerProcessor,
+    TransformerProcessor,
+)
+
+__all__ = [
+    "CNNProcessor",
+    "GridConv",
+    "GridConvTranspose",
+    "IdentityProcessor",
+    "InducedSetProcessor",
+    "MeanProcessor",
+    "PerceiverProcessor",
+    "SwinProcessor",
+    "TEPerceiverProcessor",
+    "TETransformerProcessor",
+    "TransformerProcessor",
+    "UNetProcessor",
+    "ViTProcessor",
+]
