@@ -26,7 +26,13 @@ def _spec(encoder: Spec, grid_encoder: Spec, processor: Spec, grid_decoder: Spec
 
 @register("model", "cnp")
 def cnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128) -> Spec:
-    """CNP: MLP deep set, mean aggregation, MLP decoder on cat[x_t, r] (Garnelo et al. 2018)."""
+    """CNP: MLP deep set, mean aggregation, MLP decoder on cat[x_t, r] (Garnelo et al. 2018).
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+    """
     return _spec(
         {"name": "mlp", "layers": 3},
         {"name": "identity"},
@@ -93,6 +99,13 @@ def convcnp(
     """ConvCNP (Gordon et al. 2020): SetConv with density channel, CNN (1-D) or U-Net (2-D+), SetConv decoder.
 
     Grid defaults: 128 points over [-4, 4] in 1-D; 32 per dimension over [-6, 6]^d otherwise.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        grid_size: grid points per dimension; null for 128 in 1-D and 32 otherwise.
+        bound: the grid spans ``[-bound, bound]`` in every dimension; null for 4 in 1-D and 6 otherwise.
     """
     size = grid_size or (128 if dim_x == 1 else 32)
     b = bound or (4.0 if dim_x == 1 else 6.0)
@@ -129,6 +142,18 @@ def swin_tnp(
 
     ``decoder``: ``knn``, ``te_knn`` (translation-equivariant attention on the target-to-grid offsets) or any other
     grid decoder name. Window 4 up to 32 points per dimension, 8 above (the paper's 32 x 32 and 64 x 64 models).
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        grid_encoder: grid encoder name (e.g. ``pseudo_token``, ``kernel_interpolation``, ``average``), at its defaults.
+        grid_size: grid points per dimension.
+        bound: the grid spans ``[-bound, bound]`` in every dimension.
+        window: Swin window in grid points per dimension; null for 4 up to ``grid_size`` 32 and 8 above.
+        layers: Swin layers (each followed by a target block of the decoder).
+        decoder: name of the grid decoder (``knn``, ``te_knn`` or any other), at its defaults.
+        k: grid neighbours per target for ``knn`` and ``te_knn``; unused by other decoders.
     """
     decoder_spec: Spec = {"name": decoder, "k": k} if decoder in ("knn", "te_knn") else {"name": decoder}
     return _spec(
@@ -155,7 +180,19 @@ def vitnp(
     layers: int = 5,
     k: int = 9,
 ) -> Spec:
-    """ViTNP (gridded TNP paper): grid encoder, optional patch encoding, full MHSA, k-NN target decoding per layer."""
+    """ViTNP (gridded TNP paper): grid encoder, optional patch encoding, full MHSA, k-NN target decoding per layer.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        grid_encoder: grid encoder name (e.g. ``pseudo_token``, ``kernel_interpolation``, ``average``), at its defaults.
+        grid_size: grid points per dimension.
+        bound: the grid spans ``[-bound, bound]`` in every dimension.
+        patch: patch size of the ViT's patch encoding in grid points per dimension; null for no patches.
+        layers: MHSA layers (each followed by a target k-NN block).
+        k: grid neighbours per target of the k-NN decoder.
+    """
     return _spec(
         {"name": "mlp"},
         {"name": grid_encoder},
@@ -230,7 +267,14 @@ def te_pt_tnp(
 
 @register("model", "rcnp")
 def rcnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128, rotation: bool = False) -> Spec:
-    """Simple RCNP (Huang et al. 2023): mean over the context of MLP(cat[x_t - x_n, nu(y_n)]), MLP decoder."""
+    """Simple RCNP (Huang et al. 2023): mean over the context of MLP(cat[x_t - x_n, nu(y_n)]), MLP decoder.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        rotation: the MLP sees distances ``||x_t - x_n||`` only (rotation equivariant too).
+    """
     return _spec(
         {"name": "value", "layers": 2},
         {"name": "identity"},
@@ -244,7 +288,14 @@ def rcnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128, rotation: bool = False)
 
 @register("model", "msa")
 def msa(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5) -> Spec:
-    """MSA: phi(x) + nu(y) context tokens, phi(x) target tokens, full MHSA over both together, MLP read-out."""
+    """MSA: phi(x) + nu(y) context tokens, phi(x) target tokens, full MHSA over both together, MLP read-out.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        layers: MHSA blocks over the context and target tokens together.
+    """
     return _spec(
         {"name": "additive"},
         {"name": "identity"},
@@ -258,7 +309,14 @@ def msa(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5) -> Spec
 
 @register("model", "tfs")
 def tfs(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 3) -> Spec:
-    """TFS: transformer encoder-decoder; MHSA over the context, then per layer target MHSA and MHCA to the context."""
+    """TFS: transformer encoder-decoder; MHSA over the context, then per layer target MHSA and MHCA to the context.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension.
+        dim: token width.
+        layers: context MHSA layers, and as many decoder layers (target MHSA, then MHCA to the final context).
+    """
     return _spec(
         {"name": "additive"},
         {"name": "identity"},

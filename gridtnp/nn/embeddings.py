@@ -29,6 +29,12 @@ class FourierEmbedding(nn.Module):
 
     ``L`` wavelengths, log-spaced between ``min_wavelength`` and ``max_wavelength``; the raw
     coordinate is kept alongside ``sin(2 pi x / lambda)`` and ``cos(2 pi x / lambda)``.
+
+    Args:
+        dim_x: input dimension Dx (every input dim gets the same features).
+        num_wavelengths: number of wavelengths L.
+        min_wavelength: shortest wavelength, in input units; > 0.
+        max_wavelength: longest wavelength, in input units; > ``min_wavelength``.
     """
 
     def __init__(
@@ -87,6 +93,11 @@ class SphericalHarmonicsEmbedding(nn.Module):
     ``Y_l^m = sqrt(2) P̄_l^m(cos theta) cos(m phi)`` for ``m > 0``, ``sqrt(2) P̄_l^|m| sin(|m| phi)`` for
     ``m < 0``. The other input dims (time, height, ...) are passed through raw, in order, before the features;
     embed them differently with a ``composite`` embedding.
+
+    Args:
+        dim_x: input dimension Dx; >= 2.
+        legendre_polynomials: number of Legendre polynomials L (degrees ``0 .. L - 1``, ``L^2`` features); >= 1.
+        lat_lon_dims: the (latitude, longitude) input dims, negative counting from the end; null for the last two.
     """
 
     def __init__(
@@ -170,6 +181,14 @@ class TemporalEmbedding(nn.Module):
     ~0.25 rad for ``lambda = 1 h``, so the time is reduced modulo each wavelength in float64 before the
     result is cast back. Float32 inputs are still rounded to 2^-5 h (~2 min) at that magnitude; pass float64
     times for finer resolution.
+
+    Args:
+        dim_x: input dimension Dx.
+        time_dim: the input dim holding the time in hours since 1970, negative counting from the end.
+        num_wavelengths: number of log-spaced wavelengths L; >= 1. Unused with ``wavelengths``.
+        min_wavelength: shortest log-spaced wavelength, in hours; > 0. Unused with ``wavelengths``.
+        max_wavelength: longest log-spaced wavelength, in hours; > ``min_wavelength``. Unused with ``wavelengths``.
+        wavelengths: the wavelengths in hours, all > 0, instead of the log-spaced ones; null for the log-spaced ones.
     """
 
     def __init__(
@@ -222,6 +241,10 @@ class CompositeEmbedding(nn.Module):
 
     Every input dim must be used by some part (``{name: identity, dims: [...]}`` passes dims through raw);
     a dim may be used by several parts.
+
+    Args:
+        dim_x: input dimension Dx.
+        parts: non-empty list of embedding specs ``{name: ..., dims: [...], ...}``, each with the input dims it embeds.
     """
 
     def __init__(self, dim_x: int, parts: list[dict[str, Any]]) -> None:

@@ -24,7 +24,16 @@ from gridtnp.registry import build_from_spec, register
 
 @register("encoder", "mlp")
 class MLPEncoder(nn.Module):
-    """MLP on ``cat[embed(x), y, flag]``: ``x [B, N, Dx]``, ``y [B, N, Dy] | None`` -> ``[B, N, D]``."""
+    """MLP on ``cat[embed(x), y, flag]``: ``x [B, N, Dx]``, ``y [B, N, Dy] | None`` -> ``[B, N, D]``.
+
+    Args:
+        dim_x: input dimension Dx.
+        dim_y: output dimension Dy of the source it embeds (targets get zeros in its place).
+        dim: token width D (the MLP's output width).
+        hidden: hidden width of the MLP; null for ``dim``.
+        layers: number of linear layers of the MLP (``layers - 1`` hidden layers).
+        embed: embedding of ``x`` before the MLP, a name or ``{name: ..., ...}`` spec (see ``gridtnp list embedding``).
+    """
 
     def __init__(
         self,
@@ -74,6 +83,13 @@ class ValueEncoder(nn.Module):
     ``x [B, N, Dx]``, ``y [B, N, Dy] | None`` -> ``[B, N, D]``. Every target starts from the same learned token
     (``target_init="learned"``) or from fresh standard-normal noise at each call (``"random"``, which makes
     predictions random too); TE blocks then tell targets apart by their locations relative to the context.
+
+    Args:
+        dim_y: output dimension Dy of the source it embeds.
+        dim: token width D (the MLP's output width).
+        hidden: hidden width of the MLP; null for ``dim``.
+        layers: number of linear layers of the MLP (``layers - 1`` hidden layers).
+        target_init: target tokens: ``learned`` (the MLP of ``cat[0, 1]``) or ``random`` (standard normal, per call).
     """
 
     def __init__(
@@ -101,6 +117,14 @@ class AdditiveEncoder(nn.Module):
     """``phi(embed(x)) + nu(y)`` for context points, ``phi(embed(x))`` for targets: ``[B, N, Dx]`` -> ``[B, N, D]``.
 
     ``phi`` (shared by context and targets) and ``nu`` are MLPs with ``layers`` linear layers.
+
+    Args:
+        dim_x: input dimension Dx.
+        dim_y: output dimension Dy of the source it embeds.
+        dim: token width D (the output width of ``phi`` and ``nu``).
+        hidden: hidden width of ``phi`` and ``nu``; null for ``dim``.
+        layers: number of linear layers of ``phi`` and of ``nu`` (``layers - 1`` hidden layers each).
+        embed: embedding of ``x`` before ``phi``, a name or ``{name: ..., ...}`` spec (see ``gridtnp list embedding``).
     """
 
     def __init__(

@@ -95,6 +95,17 @@ class PseudoTokenGridEncoder(nn.Module):
     All occupied cells of the batch attend in one SDPA call over a ``[cells, S, D]`` buffer padded to
     ``S = min(fullest cell, cap)``; keys/values are projected once per context token and then gathered.
     ``[B, N, in_dim]`` -> ``Latent([B, M1..Md, dim])``.
+
+    Args:
+        grid: the model's grid (passed by the model); one pseudo-token per point of it (or of its coarsened grid).
+        dim: token width D of the pseudo-tokens.
+        in_dim: width of the context tokens (a Linear maps them to ``dim`` when it differs); null for ``dim``.
+        k: grid locations each context token is assigned to, its ``k`` nearest (1: its nearest only); >= 1.
+        max_tokens_per_cell: most context tokens a cell attends to (the nearest to its location); null for no cap.
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of the block's MLP.
+        coarsen: block size in points, an int or one per dimension: encode onto the block centres; null: no coarsening.
     """
 
     def __init__(
@@ -183,6 +194,12 @@ class AverageGridEncoder(nn.Module):
 
     Empty cells get a learned ``empty`` token (initialised to zeros) instead of the mean of nothing.
     ``[B, N, in_dim]`` -> ``Latent([B, M1..Md, dim])``.
+
+    Args:
+        grid: the model's grid (passed by the model); one token per point of it (or of its coarsened grid).
+        dim: token width D of the grid tokens.
+        in_dim: width of the context tokens (a Linear maps the means to ``dim`` when it differs); null for ``dim``.
+        coarsen: block size in points, an int or one per dimension: encode onto the block centres; null: no coarsening.
     """
 
     def __init__(
@@ -228,6 +245,20 @@ class KernelInterpolationEncoder(nn.Module):
     uses their great-circle distance in km with one length-scale for the pair (the last entry of
     ``lengthscale``; the others, one per leading dimension such as time, are as usual). With ``nearest_only``
     the nearest locations are found in coordinate space.
+
+    Args:
+        grid: the model's grid (passed by the model); one token per point of it (or of its coarsened grid).
+        in_dim: width of the context tokens (the data channels).
+        dim: token width D of the grid tokens (the output width of the Linear).
+        lengthscale: starting length-scale(s), one or one per dimension (haversine: see above); null: twice the spacing.
+        learn_lengthscale: learn the length-scales; false keeps them at their starting values.
+        density: add the density channel and divide the data channels by it (ConvCNP); false for ``Linear(h)``.
+        chunk_size: context points per step of the dense sum (memory ``[B, chunk_size, M]``); >= 1.
+        eps: added to the density before the data channels are divided by it (with ``density``).
+        nearest_only: each point adds to its nearest grid location(s) only, in O(N k), instead of to every one.
+        k: with ``nearest_only``, the number of nearest grid locations each point adds to; null for 1.
+        distance: ``euclidean``, or ``haversine`` (great-circle km over the last two dims, latitude and longitude).
+        coarsen: block size in points, an int or one per dimension: encode onto the block centres; null: no coarsening.
     """
 
     def __init__(
@@ -364,12 +395,20 @@ def haversine_lengthscale(grid: Grid, lengthscale: float | Sequence[float] | Non
 class MultiSourceGridEncoder(nn.Module):
     """One inner grid encoder (and grid) per source, merged into one grid: ``Latent([B, M1..Md, dim])``.
 
-    ``sources`` names the context sources; the model builder does not pass them, so set them in the spec:
+    ``sources`` names the context sources; the model builder passes the model's sources unless the spec sets them:
     ``{name: multi, sources: [era5, stations], encoder: {name: pseudo_token}, merge: concat}``. ``encoder`` is one
     spec for every source or a mapping ``{source: spec}``. ``merge="sum"`` adds the grids; ``"concat"`` stacks
     them along the channels (in ``sources`` order) and applies a Linear back to ``dim``. A source missing from
     the input counts as having no observations. (The default elsewhere, "single", unions all sources' tokens
     into one encoder.)
+
+    Args:
+        grid: the model's grid (passed by the model), given to every inner encoder.
+        sources: distinct names of the context sources (no '.'), one inner encoder each, in ``concat`` order.
+        dim: token width D of the grid tokens (every inner encoder's ``dim``).
+        in_dim: width of the context tokens, given to every inner encoder; null for ``dim``.
+        encoder: inner grid encoder spec (or name) for all sources, or ``{source: spec}``; null for ``pseudo_token``.
+        merge: ``concat`` (stack along the channels, then a Linear to ``dim``) or ``sum`` (add the grids).
     """
 
     def __init__(

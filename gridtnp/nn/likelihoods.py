@@ -17,7 +17,15 @@ from gridtnp.registry import register
 
 @register("likelihood", "gaussian")
 class GaussianLikelihood(nn.Module):
-    """Heteroscedastic Gaussian: MLP -> mean and ``variance = softplus(raw) + min_noise``."""
+    """Heteroscedastic Gaussian: MLP -> mean and ``variance = softplus(raw) + min_noise``.
+
+    Args:
+        dim: token width D of the target tokens.
+        dim_y: output dimension Dy (the head outputs a mean and a raw variance for each).
+        hidden: hidden width of the MLP head; null for ``dim``.
+        layers: number of linear layers of the MLP head (``layers - 1`` hidden layers).
+        min_noise: lower bound on the predictive variance (a variance, not a standard deviation); >= 0.
+    """
 
     def __init__(
         self, dim: int = 128, dim_y: int = 1, hidden: int | None = None, layers: int = 2, min_noise: float = 1e-4
@@ -35,7 +43,19 @@ class GaussianLikelihood(nn.Module):
 
 @register("likelihood", "homoscedastic")
 class HomoscedasticLikelihood(nn.Module):
-    """Gaussian with an MLP mean and one learned noise variance per output dimension."""
+    """Gaussian with an MLP mean and one learned noise variance per output dimension.
+
+    The variance is ``softplus(raw) + min_noise``, with ``raw`` a parameter per output dimension that does not depend
+    on the input.
+
+    Args:
+        dim: token width D of the target tokens.
+        dim_y: output dimension Dy (one mean and one noise variance for each).
+        hidden: hidden width of the MLP mean; null for ``dim``.
+        layers: number of linear layers of the MLP mean (``layers - 1`` hidden layers).
+        init_noise: starting noise variance of every output dimension (at least ``min_noise + 1e-6``).
+        min_noise: lower bound on the noise variance (a variance, not a standard deviation).
+    """
 
     def __init__(
         self,

@@ -59,6 +59,15 @@ class KernelInterpolationDecoder(nn.Module):
     the ``s^d`` grid points around each target (``Grid.neighbours``), ``O(N_t s^d)`` instead of ``O(N_t M)``;
     points off the edge of an ordinary dimension contribute nothing. The state's own grid is used when it
     carries one (a processor may coarsen the grid), else ``grid``.
+
+    Args:
+        grid: the grid of the states unless a state carries its own (passed by the model).
+        dim: token width D.
+        lengthscale: starting length-scale(s) in input units, one or one per grid dimension; null: twice the spacing.
+        learn_lengthscale: learn the length-scales; false keeps them at their starting values.
+        layers: must be 1 (the final state only); the model passes the processor's number of states, so set it to 1.
+        chunk_size: targets per step (memory ``[B, chunk_size, M]``); >= 1.
+        nearest: sum over the ``nearest^d`` grid points around each target only (e.g. 3); null for every grid point.
     """
 
     def __init__(
@@ -191,6 +200,17 @@ class KNNDecoder(nn.Module):
     gathered key, so attention can depend on where a grid point lies relative to the target, not only on its
     token; the embedding is an MLP ``d -> mlp_dim -> heads * head_dim`` per block. The state's grid is used when
     it carries one (a processor may coarsen it), else ``grid``.
+
+    Args:
+        grid: the grid of the states unless a state carries its own (passed by the model).
+        dim: token width D.
+        k: grid neighbours per target (e.g. 9 for 3 x 3 in 2-D); >= 1.
+        layers: blocks, one per processor state read (the model passes the processor's number of states).
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP (and of the ``relative_position`` embedding).
+        relative_position: add a learned embedding of the target-to-grid-point offset to each gathered key.
+        dim_x: input dimension Dx (sizes the ``relative_position`` offset features; the grid's dimension if not given).
     """
 
     def __init__(

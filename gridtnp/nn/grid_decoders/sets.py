@@ -37,6 +37,13 @@ class CrossAttentionDecoder(nn.Module):
 
     On grid latents this is the gridded TNP paper's "full" decoder (Ashman et al.): every target attends to all
     ``M`` grid tokens, ``O(N_t M)``; ``knn`` is the local alternative.
+
+    Args:
+        dim: token width D.
+        layers: blocks, one per processor state read (the model passes the processor's number of states).
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP.
     """
 
     def __init__(self, dim: int = 128, layers: int = 1, heads: int = 8, head_dim: int = 16, mlp_dim: int = 128) -> None:
@@ -52,7 +59,13 @@ class CrossAttentionDecoder(nn.Module):
 
 @register("grid_decoder", "concat")
 class ConcatDecoder(nn.Module):
-    """CNP decoder: MLP on ``cat[zt, r]`` with ``r`` the single aggregated token ``[B, 1, D]``."""
+    """CNP decoder: MLP on ``cat[zt, r]`` with ``r`` the single aggregated token ``[B, 1, D]``.
+
+    Args:
+        dim: token width D.
+        hidden: hidden width of the MLP; null for ``dim``.
+        layers: number of linear layers of the MLP (the model passes the processor's number of states unless set).
+    """
 
     def __init__(self, dim: int = 128, hidden: int | None = None, layers: int = 3) -> None:
         super().__init__()
@@ -73,6 +86,19 @@ class TECrossAttentionDecoder(nn.Module):
     """TE-MHCA from the targets ``(zt [B, Nt, D], xt)`` into each state's set ``(tokens, x, mask)``, a block per state.
 
     Target locations are updated too when ``update_locations`` (eq. 10). TE options as in ``te_transformer``.
+
+    Args:
+        dim: token width D.
+        dim_x: input dimension Dx.
+        layers: blocks, one per processor state read (the model passes the processor's number of states).
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP.
+        variant: ``post`` (rho of dot products and offsets, eq. 8) or ``pre`` (dot products plus rho of offsets).
+        rotation: rho sees ``||x_t - x_n||`` only, so attention is rotation invariant too.
+        rho_hidden: hidden width of rho (and of phi).
+        update_locations: move the target locations after each block (eq. 10).
+        max_pairs: (batch, query, key) triples evaluated at once (memory bound); null for no chunking.
     """
 
     def __init__(
@@ -112,6 +138,15 @@ class RelationalDecoder(nn.Module):
 
     Translation equivariant (``rotation=True``: the MLP sees ``||x_t - x_n||``, rotation equivariant too). The
     ``[B, Nt, N, hidden]`` pair activations are built ``max_pairs`` (target, context) pairs at a time.
+
+    Args:
+        dim: token width D (of the context tokens, both MLPs' outputs and the result).
+        dim_x: input dimension Dx.
+        hidden: hidden width of both MLPs; null for ``dim``.
+        encoder_layers: number of linear layers of the inner MLP on ``cat[x_t - x_n, z_n]``.
+        decoder_layers: number of linear layers of the outer MLP on the mean.
+        rotation: the inner MLP sees ``||x_t - x_n||`` only, so the decoder is rotation equivariant too.
+        max_pairs: (batch, target, context) triples evaluated at once (memory bound); null for no chunking.
     """
 
     def __init__(
@@ -154,6 +189,13 @@ class JointSelfAttentionDecoder(nn.Module):
 
     ``cat[context [B, N, D], targets [B, Nt, D]]`` with padded context points masked as keys -> ``[B, Nt, D]``.
     Reads the final state (use processor ``identity``).
+
+    Args:
+        dim: token width D.
+        blocks: number of MHSA + MLP blocks over the context and targets together; >= 1.
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP.
     """
 
     targets_interact = True
@@ -176,7 +218,15 @@ class JointSelfAttentionDecoder(nn.Module):
 
 @register("grid_decoder", "transformer_decoder")
 class TransformerDecoder(nn.Module):
-    """TFS decoder: ``layers`` x (MHSA among the targets, then MHCA + MLP from the targets to the final state)."""
+    """TFS decoder: ``layers`` x (MHSA among the targets, then MHCA + MLP from the targets to the final state).
+
+    Args:
+        dim: token width D.
+        layers: number of layers, all reading the final state (the model passes the processor's number of states).
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP.
+    """
 
     targets_interact = True
 

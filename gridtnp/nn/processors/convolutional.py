@@ -101,6 +101,14 @@ class CNNProcessor(nn.Module):
     Each block is depthwise-separable when ``separable`` (a ``kernel_size`` depthwise conv then a pointwise
     conv), else a full ``kernel_size`` conv then a pointwise conv. 'Same' padding keeps the grid shape;
     rolled dimensions are padded circularly.
+
+    Args:
+        grid: the grid of the tokens, 1-, 2- or 3-D (passed by the model: the grid encoder's).
+        dim: token width D.
+        channels: width of the convolutions (a Linear maps ``dim`` to it in front and back behind).
+        layers: number of residual convolution blocks; >= 1.
+        kernel_size: kernel width of the spatial convolutions along every grid dimension; odd, >= 1.
+        separable: depthwise spatial convolutions (one filter per channel); false for full ones.
     """
 
     num_states = 1
@@ -151,6 +159,12 @@ class UNetProcessor(nn.Module):
 
     Grid sizes: each ordinary dimension is zero-padded at its end to a multiple of ``2^L`` and cropped back;
     a rolled dimension must itself be a multiple of ``2^L`` (padding would break its periodicity).
+
+    Args:
+        grid: the grid of the tokens, 1-, 2- or 3-D (passed by the model: the grid encoder's).
+        dim: token width D.
+        channels: widths ``(c_0, ..., c_L)``: the top level, then one per downsampling; >= 2 positive entries.
+        kernel_size: kernel width of the strided and transposed convolutions; odd, >= 3.
     """
 
     num_states = 1

@@ -60,6 +60,18 @@ class SwinProcessor(nn.Module):
     the periodicity of rolled dimensions and the uniform windows). The roll and window partition are one cached
     flat gather per layout change; gathers and masks are built once per grid shape and device. Paper defaults:
     5 layers, window 4 and shift 2 per dimension.
+
+    Args:
+        grid: the grid of the tokens (passed by the model: the grid encoder's).
+        dim: token width D.
+        layers: number of layers, each a window and a shifted-window pass (one state each); >= 1.
+        window: window size in grid points, one int or one per dimension; every grid size must be a multiple of it.
+        shift: second-pass shift in grid points, an int or one per dimension, in ``[0, window)``; null: ``window // 2``.
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP.
+        roll_dims: one bool per grid dimension, true where shifted windows wrap unmasked; null for the grid's roll.
+        share_weights: one block for both passes of a layer (the paper's); false gives each pass its own block.
     """
 
     def __init__(
@@ -177,6 +189,15 @@ class ViTProcessor(nn.Module):
     ``grid`` whose points are the patch centres (same bounds convention and rolled dimensions), so a k-NN decoder
     indexes it correctly. Without ``patch`` it is ``layers`` MHSA blocks over the flattened grid. One state per
     layer.
+
+    Args:
+        grid: the grid of the tokens (passed by the model: the grid encoder's); 1-, 2- or 3-D with ``patch``.
+        dim: token width D.
+        layers: number of MHSA + MLP blocks (one state each); >= 1.
+        patch: patch size in grid points, one int or one per dimension, dividing the grid; null for no patches.
+        heads: attention heads.
+        head_dim: width of each head.
+        mlp_dim: hidden width of each block's MLP.
     """
 
     def __init__(
