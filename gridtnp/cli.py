@@ -91,7 +91,7 @@ class GridTNPCLI(LightningCLI):
             for key, value in {**expand_spec(spec), "preset": None}.items():
                 init_args[key] = value
         config.pop("config", None)
-        print(self._parser(subcommand).dump(config, skip_none=False, skip_check=True), end="")
+        print(self._parser(subcommand).dump(config, skip_none=False), end="")
         raise SystemExit(0)
 
     def before_fit(self) -> None:
