@@ -366,3 +366,27 @@ def test_multi_source_per_source_specs_and_errors() -> None:
     with pytest.raises(ValueError, match="different grids"):
         bad = {"a": {"name": "average", "coarsen": [1, 2]}, "b": {"name": "average"}}
         MultiSourceGridEncoder(GRID, ["a", "b"], dim=4, encoder=bad, merge="sum")({"a": t, "b": t})
+
+
+def test_multi_source_with_coarsen_tells_the_model_its_coarse_grid() -> None:
+    """The processor and decoder are built for the grid the inner encoders write to, not the model's."""
+    from gridtnp.batch import Observations
+    from gridtnp.models import build_model
+
+    spec = {
+        "dim_x": 2,
+        "dim_y": {"a": 1, "b": 1},
+        "target_source": "a",
+        "dim": 8,
+        "grid": {"lower": [-1.0, -1.0], "upper": [1.0, 1.0], "shape": [8, 8]},
+        "encoder": {"name": "mlp"},
+        "grid_encoder": {"name": "multi", "encoder": {"name": "average", "coarsen": 2}},
+        "processor": {"name": "cnn", "layers": 1, "channels": 8},
+        "grid_decoder": {"name": "knn", "k": 4, "layers": 1},
+        "likelihood": {"name": "gaussian"},
+    }
+    model = build_model(spec)
+    assert model.processor.grid.shape == (4, 4) and model.grid_encoder.grid.shape == (4, 4)
+    x = torch.rand(2, 5, 2) * 2 - 1
+    context = {"a": Observations(x, torch.randn(2, 5, 1)), "b": Observations(x.flip(1), torch.randn(2, 5, 1))}
+    assert model(context, torch.rand(2, 3, 2) * 2 - 1).mean.shape == (2, 3, 1)

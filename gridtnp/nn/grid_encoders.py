@@ -443,6 +443,11 @@ class MultiSourceGridEncoder(nn.Module):
                 for s in self.sources
             }
         )
+        grids = {getattr(e, "grid", None) for e in self.encoders.values()}
+        if len(grids) != 1:
+            raise ValueError(f"{where}: the inner encoders write to different grids {grids}; give them one coarsen.")
+        # The grid the processor and decoder are built for (the model reads it): a coarse one with ``coarsen``.
+        self.grid = grids.pop()
         self.proj = nn.Linear(len(self.sources) * dim, dim) if merge == "concat" else nn.Identity()
 
     def forward(self, sources: dict[str, Tokens]) -> Latent:

@@ -67,6 +67,8 @@ class HomoscedasticLikelihood(nn.Module):
         min_noise: float = 1e-4,
     ) -> None:
         super().__init__()
+        if min_noise < 0:
+            raise ValueError(f"homoscedastic likelihood: min_noise must be >= 0; got {min_noise}.")
         self.head = mlp(dim, dim_y, hidden or dim, layers)
         # softplus^-1(init_noise - min_noise)
         raw = torch.log(torch.expm1(torch.tensor(max(init_noise - min_noise, 1e-6))))
