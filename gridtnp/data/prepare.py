@@ -17,8 +17,6 @@ import importlib.util
 import itertools
 import os
 import shlex
-import shutil
-import uuid
 import warnings
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -31,6 +29,7 @@ import numpy as np
 import xarray as xr
 
 from gridtnp.data.store import DIMS, PROVENANCE_ATTR, STATS_ATTR, DataError, is_url, select_time
+from gridtnp.files import replacing
 
 COORD_ALIASES: dict[str, tuple[str, ...]] = {
     "time": ("time", "valid_time"),
@@ -238,8 +237,7 @@ def prepare(
             f"gridtnp data prepare: [3/4] writing {out_path} in chunks of {steps} time steps, with mean/std over "
             f"{_iso(train.time.values[0])} to {_iso(train.time.values[-1])} ({train.sizes['time']} steps)"
         )
-        tmp = out_path.with_name(f".{out_path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
+        with replacing(out_path) as tmp:
             store_kwargs = {"zarr_format": ZARR_FORMAT} if _zarr_major() >= 3 else {}
             write = ds.to_zarr(tmp, mode="w-", encoding=encoding, consolidated=False, compute=False, **store_kwargs)
             with _progress_bar(progress):
@@ -253,9 +251,6 @@ def prepare(
             stats_attr = _stats_attr(stats, train, inputs)
             _finish_store(tmp, stats_attr, _provenance(inputs, out_path, variables, train_start, train_end, steps))
             log(f"gridtnp data prepare: [4/4] moving the new store into place at {out_path}")
-            replace_path(tmp, out_path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     finally:
         source.close()
     for v, s in stats_attr.items():
@@ -430,19 +425,6 @@ def _check_target(out: Path, overwrite: bool) -> None:
         )
     if not is_zarr_store(out):
         raise DataError(f"--out {out} exists and is not a Zarr store; refusing to replace it. Choose another path.")
-
-
-def replace_path(tmp: Path, out: Path) -> None:
-    """Move the file or directory ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted only
-    after the swap, so ``out`` is never missing or half-written."""
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}") if out.exists() else None
-    if old is not None:
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None and old.is_dir():
-        shutil.rmtree(old, ignore_errors=True)
-    elif old is not None:
-        old.unlink(missing_ok=True)
 
 
 def _progress_bar(enabled: bool) -> contextlib.AbstractContextManager[Any]:
