@@ -19,17 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from gridtnp.batch import Batch, Observations
 from gridtnp.data.datamodules import TaskDataModule, check_counts, generator_from
-from gridtnp.data.store import (
-    DIMS,
-    ChunkCache,
-    DataError,
-    coarsen_fields,
-    coverage,
-    normalisation_stats,
-    open_store,
-    select,
-    select_time,
-)
+from gridtnp.data.layout import DIMS, DataError, coverage, select_time
+from gridtnp.data.store import ChunkCache, coarsen_fields, normalisation_stats, open_store, select
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError, register
 
