@@ -1,8 +1,10 @@
 """Figures of a neural process's predictions: 1-D GP tasks, maps, and standardised errors against N(0, 1).
 
-Every function returns a ``matplotlib.figure.Figure`` built without ``pyplot`` (no global state, no GUI backend),
-ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Maps draw coastlines with cartopy when it is
-installed and the coordinates are geographic (``x = (latitude, longitude)`` in degrees); plain axes otherwise.
+The ``plot_*`` functions (``plot_gp1d``, ``plot_map``, ``plot_standardised_errors``) and ``evaluation_figures``
+(a task batch -> ``{name: figure}``) return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no
+global state, no GUI backend), ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Maps draw
+coastlines with cartopy when it is installed and the coordinates are geographic (``x = (latitude, longitude)`` in
+degrees); plain axes otherwise. ``standardised_errors(batch, dist)``: ``(y - mean) / std`` of the valid targets.
 
 ``PlotCallback`` logs the figures of the first validation batch to TensorBoard; ``gridtnp plot``
 (``gridtnp.cli.plot_main``) writes them as PNG files from a checkpoint.

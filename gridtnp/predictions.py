@@ -6,6 +6,11 @@ units with CF attributes, as NetCDF (``.nc``) or Zarr (``.zarr``). The DataModul
 coordinates (``predictions_to_xarray``); without that method the writer stores the raw tensors per task.
 
 In a notebook, ``predict(module, context, targets)`` does the same for xarray inputs.
+
+* ``PredictionWriter(path)``: the callback behind ``gridtnp predict``.
+* ``write_dataset(ds, path)``: NetCDF or Zarr by suffix, written beside ``path`` and then moved into place.
+* ``raw_predictions(outputs)``: ``mean, std [task, point, Dy]`` and ``x [task, point, Dx]`` when the DataModule
+  has no ``predictions_to_xarray``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Synthetic task generators and LightningDataModules; importing this registers every task."""
+"""Synthetic task generators and LightningDataModules; importing this registers every task.
+
+``SyntheticDataModule``, ``Task``, ``sample_path`` (the embedded data); ``StationReanalysisDataModule`` and
+``MultiSourceDataModule`` (``gridtnp.data.era5``) are imported on first access, with xarray and dask.
+"""
 
 from typing import Any
 

@@ -350,7 +350,7 @@ class MultiSourceDataModule(ERA5DataModule):
     def predict_dataloader(self) -> DataLoader:
         """Consecutive, non-overlapping windows of the test split, ``batch_size`` a batch, predicted at every point."""
         self.setup()
-        return DataLoader(_WindowPredictSet(self), shuffle=False, **self._loader_kwargs())
+        return DataLoader(_WindowPredictSet(self), shuffle=False, **self.loader_kwargs())
 
     def predictions_to_xarray(self, outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
         """``gridtnp predict`` outputs -> ``<variable>_mean``, ``<variable>_std`` on ``(time, latitude, longitude)``

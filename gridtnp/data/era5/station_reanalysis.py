@@ -397,7 +397,7 @@ class StationReanalysisDataModule(ERA5DataModule):
     def predict_dataloader(self) -> DataLoader:
         """Every hour of ``predict_split`` in order, ``batch_size`` hours a batch, context drawn with a fixed seed."""
         self.setup()
-        return DataLoader(_PredictSet(self), shuffle=False, **self._loader_kwargs())
+        return DataLoader(_PredictSet(self), shuffle=False, **self.loader_kwargs())
 
     def predictions_to_xarray(self, outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
         """``gridtnp predict`` outputs -> ``mean``, ``std`` in physical units on ``(time, station)`` with station
