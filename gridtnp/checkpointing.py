@@ -30,7 +30,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
-from gridtnp.files import atomic_write
+from gridtnp.files import atomic_write, is_url
 
 PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
 CONFIG_NAME = "config.yaml"
@@ -57,7 +57,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.keep_previous = keep_previous
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None or "://" in str(path):
+        if storage_options is not None or is_url(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         previous = previous_path(path) if self.keep_previous else None
         atomic_write(path, lambda f: torch.save(checkpoint, f), previous)
@@ -152,7 +152,7 @@ def resume_checkpoint(
         return newest_valid_checkpoint(checkpoint_candidates(checkpoint_dirs, hpc_dir))
     if str(ckpt_path) in ("best", "hpc", "registry") or str(ckpt_path).startswith("registry:"):
         return ckpt_path
-    if "://" not in str(ckpt_path) and os.path.isfile(ckpt_path):
+    if not is_url(ckpt_path) and os.path.isfile(ckpt_path):
         reason = verify_checkpoint(ckpt_path)
         if reason is not None:
             directory = Path(ckpt_path).parent
@@ -280,5 +280,5 @@ class SaveConfig(SaveConfigCallback):
         text = self.parser.dump(self.config, skip_none=False).encode()
         for callback in trainer.checkpoint_callbacks:
             dirpath = getattr(callback, "dirpath", None)
-            if dirpath and "://" not in str(dirpath):
+            if dirpath and not is_url(dirpath):
                 atomic_write(Path(dirpath) / CONFIG_NAME, lambda f: f.write(text))

@@ -7,7 +7,8 @@
 * ``atomic_write(path, write, previous=None)``: ``write(file)`` fills a temporary file, which is fsynced and renamed
   over ``path``; the directory is fsynced after the rename.
 
-With ``previous``, the version of ``path`` being replaced is kept there instead of deleted.
+With ``previous``, the version of ``path`` being replaced is kept there instead of deleted. ``is_url(path)``: whether
+a path is remote (``gs://...``), which none of these write to.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a remote URL (``gs://``, ``s3://``, ``https://``, ...) rather than a local path."""
+    return "://" in str(path)
 
 
 def replace_path(tmp: str | os.PathLike, out: str | os.PathLike, previous: str | os.PathLike | None = None) -> None:

@@ -8,12 +8,11 @@ training-period mean and std and ``attrs[PROVENANCE_ATTR]`` the sources and the 
   latitudes, CF time units) -> the layout, lazily.
 * ``select_time(ds, start, end)``, ``date_bounds(date)``: inclusive date ranges; ``coverage(ds)`` describes a
   dataset's extent for error messages; ``iso(t)``: a time as ``2019-03-01T00:00:00``.
-* ``DataError``: input data that cannot be used as given; ``is_url(path)``: remote or local.
+* ``DataError``: input data that cannot be used as given.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -39,11 +38,6 @@ COORD_ALIASES: dict[str, tuple[str, ...]] = {
 
 class DataError(ConfigError):
     """Input data that cannot be used as given; the message names the file or variable and what was expected."""
-
-
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a remote URL (``gs://``, ``s3://``, ``https://``, ...) rather than a local path."""
-    return "://" in str(path)
 
 
 def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:

@@ -38,12 +38,11 @@ from gridtnp.data.layout import (
     STATS_ATTR,
     DataError,
     coverage,
-    is_url,
     iso,
     normalise,
     select_time,
 )
-from gridtnp.files import replacing
+from gridtnp.files import is_url, replacing
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
 ZARR_FORMAT = 2  # readable by zarr-python 2 and 3 (and most other Zarr readers); v3 adds nothing needed here

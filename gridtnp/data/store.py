@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.layout import DIMS, STATS_ATTR, DataError, DateLike, coverage, is_url, normalise, select_time
+from gridtnp.data.layout import DIMS, STATS_ATTR, DataError, DateLike, coverage, normalise, select_time
+from gridtnp.files import is_url
 from gridtnp.registry import ConfigError
 
 _PREPARE_HINT = (
