@@ -30,6 +30,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
+from gridtnp.files import atomic_write, is_url
+
 PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
 CONFIG_NAME = "config.yaml"
 
@@ -44,35 +46,6 @@ def previous_path(path: str | os.PathLike) -> Path:
     return path.with_name(path.stem + PREVIOUS + path.suffix)
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory file descriptors
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, write: Any) -> None:
-    """Create ``path`` atomically: ``write(file)`` fills a temporary file beside it, which is then renamed over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose saves are atomic (temporary file, fsync, rename) and keep the replaced version.
 
@@ -84,22 +57,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.keep_previous = keep_previous
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None or "://" in str(path):
+        if storage_options is not None or is_url(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            if self.keep_previous and path.exists():
-                os.replace(path, previous_path(path))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(path.parent)
+        previous = previous_path(path) if self.keep_previous else None
+        atomic_write(path, lambda f: torch.save(checkpoint, f), previous)
 
 
 def verify_checkpoint(path: str | os.PathLike) -> str | None:
@@ -191,7 +152,7 @@ def resume_checkpoint(
         return newest_valid_checkpoint(checkpoint_candidates(checkpoint_dirs, hpc_dir))
     if str(ckpt_path) in ("best", "hpc", "registry") or str(ckpt_path).startswith("registry:"):
         return ckpt_path
-    if "://" not in str(ckpt_path) and os.path.isfile(ckpt_path):
+    if not is_url(ckpt_path) and os.path.isfile(ckpt_path):
         reason = verify_checkpoint(ckpt_path)
         if reason is not None:
             directory = Path(ckpt_path).parent
@@ -319,5 +280,5 @@ class SaveConfig(SaveConfigCallback):
         text = self.parser.dump(self.config, skip_none=False).encode()
         for callback in trainer.checkpoint_callbacks:
             dirpath = getattr(callback, "dirpath", None)
-            if dirpath and "://" not in str(dirpath):
-                atomic_write_bytes(Path(dirpath) / CONFIG_NAME, lambda f: f.write(text))
+            if dirpath and not is_url(dirpath):
+                atomic_write(Path(dirpath) / CONFIG_NAME, lambda f: f.write(text))

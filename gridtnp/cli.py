@@ -214,6 +214,75 @@ def list_components(args: list[str]) -> None:
         print(f"\n`gridtnp list {opts.kind} NAME` shows one {opts.kind}'s arguments.")
 
 
+def plot_main(args: list[str]) -> None:
+    """``gridtnp plot --config RECIPE --ckpt_path CKPT --out DIR [--split val|test] [--num_tasks N]``: PNG files.
+
+    Other arguments (``--data.init_args.store ...``) are passed to the recipe as in ``gridtnp test``.
+    """
+    parser = argparse.ArgumentParser(
+        prog="gridtnp plot",
+        description="Write prediction plots (1-D tasks, maps, standardised errors) of a checkpoint as PNG files. "
+        "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
+    )
+    parser.add_argument("--config", required=True, action="append", help="the recipe the checkpoint was trained with")
+    parser.add_argument("--ckpt_path", required=True, type=Path, help="checkpoint (.ckpt) to load the weights from")
+    parser.add_argument("--out", required=True, type=Path, help="directory for the PNG files")
+    parser.add_argument("--split", choices=["val", "test"], default="test", help="which fixed task set to draw from")
+    parser.add_argument("--num_tasks", type=int, default=4, help="tasks to draw (default 4)")
+    parser.add_argument(
+        "--geographic",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="inputs are (latitude, longitude) in degrees (auto: ask the DataModule)",
+    )
+    opts, rest = parser.parse_known_args(args)
+    if opts.num_tasks < 1:
+        parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
+    if not opts.ckpt_path.is_file():
+        parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
+    from gridtnp.plots import (  # matplotlib only loads for this subcommand and the callback
+        evaluation_figures,
+        is_geographic,
+        oracle_posterior,
+        plot_standardised_errors,
+        standardised_errors,
+    )
+
+    config_args = [a for c in opts.config for a in ("--config", c)]
+    cli = GridTNPCLI(run=False, args=[*config_args, *rest, "--trainer.logger", "false"])
+    module, datamodule = cli.model, cli.datamodule
+    checkpoint = torch.load(opts.ckpt_path, map_location="cpu", weights_only=False)
+    module.load_state_dict(checkpoint["state_dict"])
+    module.eval()
+    datamodule.setup("validate" if opts.split == "val" else "test")
+    loader = datamodule.val_dataloader() if opts.split == "val" else datamodule.test_dataloader()
+    geographic = is_geographic(datamodule) if opts.geographic == "auto" else opts.geographic == "yes"
+    posterior = oracle_posterior(datamodule)
+
+    opts.out.mkdir(parents=True, exist_ok=True)
+    written, errors, done, seen = [], [], 0, 0
+    for batch in loader:
+        batch = module.transfer_batch_to_device(batch, module.device, 0)
+        count = min(opts.num_tasks - done, batch.batch_size)
+        figures = evaluation_figures(module.model, batch, count, geographic, posterior, first_index=done)
+        with torch.no_grad():
+            errors.append(standardised_errors(batch, module(batch)))  # every task of the batch, not only those drawn
+        seen += batch.batch_size
+        figures.pop("standardised_errors")
+        for name, fig in figures.items():
+            path = opts.out / f"{opts.split}_{name}.png"
+            fig.savefig(path, dpi=110)
+            written.append(path)
+        done += count
+        if done >= opts.num_tasks:
+            break
+    fig = plot_standardised_errors(torch.cat(errors), title=f"{opts.split}: standardised errors of {seen} tasks")
+    path = opts.out / f"{opts.split}_standardised_errors.png"
+    fig.savefig(path, dpi=110)
+    written.append(path)
+    print(f"gridtnp plot: {len(written)} files in {opts.out}: " + ", ".join(p.name for p in written))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gridtnp`` console script."""
     import gridtnp  # noqa: F401  (registers every component)
@@ -223,8 +292,6 @@ def main(argv: list[str] | None = None) -> None:
         if args and args[0] == "list":
             list_components(args[1:])
         elif args and args[0] == "plot":
-            from gridtnp.plots import plot_main  # matplotlib only loads for this subcommand and the callback
-
             plot_main(args[1:])
         elif args and args[0] == "data":
             from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand

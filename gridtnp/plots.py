@@ -1,19 +1,19 @@
 """Figures of a neural process's predictions: 1-D GP tasks, maps, and standardised errors against N(0, 1).
 
-Every function returns a ``matplotlib.figure.Figure`` built without ``pyplot`` (no global state, no GUI backend),
-ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Maps draw coastlines with cartopy when it is
-installed and the coordinates are geographic (``x = (latitude, longitude)`` in degrees); plain axes otherwise.
+The ``plot_*`` functions (``plot_gp1d``, ``plot_map``, ``plot_standardised_errors``) and ``evaluation_figures``
+(a task batch -> ``{name: figure}``) return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no
+global state, no GUI backend), ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Maps draw
+coastlines with cartopy when it is installed and the coordinates are geographic (``x = (latitude, longitude)`` in
+degrees); plain axes otherwise. ``standardised_errors(batch, dist)``: ``(y - mean) / std`` of the valid targets.
 
-``PlotCallback`` logs the figures of the first validation batch to TensorBoard; ``gridtnp plot`` (``plot_main``)
-writes them as PNG files from a checkpoint.
+``PlotCallback`` logs the figures of the first validation batch to TensorBoard; ``gridtnp plot``
+(``gridtnp.cli.plot_main``) writes them as PNG files from a checkpoint.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -330,69 +330,3 @@ def _tensorboard(trainer: L.Trainer) -> Any | None:
         if isinstance(logger, TensorBoardLogger):
             return logger.experiment
     return None
-
-
-# ------------------------------------------------------------------------------------------------ gridtnp plot
-
-
-def plot_main(args: list[str]) -> None:
-    """``gridtnp plot --config RECIPE --ckpt_path CKPT --out DIR [--split val|test] [--num_tasks N]``: PNG files.
-
-    Other arguments (``--data.init_args.store ...``) are passed to the recipe as in ``gridtnp test``.
-    """
-    parser = argparse.ArgumentParser(
-        prog="gridtnp plot",
-        description="Write prediction plots (1-D tasks, maps, standardised errors) of a checkpoint as PNG files. "
-        "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
-    )
-    parser.add_argument("--config", required=True, action="append", help="the recipe the checkpoint was trained with")
-    parser.add_argument("--ckpt_path", required=True, type=Path, help="checkpoint (.ckpt) to load the weights from")
-    parser.add_argument("--out", required=True, type=Path, help="directory for the PNG files")
-    parser.add_argument("--split", choices=["val", "test"], default="test", help="which fixed task set to draw from")
-    parser.add_argument("--num_tasks", type=int, default=4, help="tasks to draw (default 4)")
-    parser.add_argument(
-        "--geographic",
-        choices=["auto", "yes", "no"],
-        default="auto",
-        help="inputs are (latitude, longitude) in degrees (auto: ask the DataModule)",
-    )
-    opts, rest = parser.parse_known_args(args)
-    if opts.num_tasks < 1:
-        parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
-    if not opts.ckpt_path.is_file():
-        parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
-    from gridtnp.cli import GridTNPCLI
-
-    config_args = [a for c in opts.config for a in ("--config", c)]
-    cli = GridTNPCLI(run=False, args=[*config_args, *rest, "--trainer.logger", "false"])
-    module, datamodule = cli.model, cli.datamodule
-    checkpoint = torch.load(opts.ckpt_path, map_location="cpu", weights_only=False)
-    module.load_state_dict(checkpoint["state_dict"])
-    module.eval()
-    datamodule.setup("validate" if opts.split == "val" else "test")
-    loader = datamodule.val_dataloader() if opts.split == "val" else datamodule.test_dataloader()
-    geographic = is_geographic(datamodule) if opts.geographic == "auto" else opts.geographic == "yes"
-    posterior = oracle_posterior(datamodule)
-
-    opts.out.mkdir(parents=True, exist_ok=True)
-    written, errors, done, seen = [], [], 0, 0
-    for batch in loader:
-        batch = module.transfer_batch_to_device(batch, module.device, 0)
-        count = min(opts.num_tasks - done, batch.batch_size)
-        figures = evaluation_figures(module.model, batch, count, geographic, posterior, first_index=done)
-        with torch.no_grad():
-            errors.append(standardised_errors(batch, module(batch)))  # every task of the batch, not only those drawn
-        seen += batch.batch_size
-        figures.pop("standardised_errors")
-        for name, fig in figures.items():
-            path = opts.out / f"{opts.split}_{name}.png"
-            fig.savefig(path, dpi=110)
-            written.append(path)
-        done += count
-        if done >= opts.num_tasks:
-            break
-    fig = plot_standardised_errors(torch.cat(errors), title=f"{opts.split}: standardised errors of {seen} tasks")
-    path = opts.out / f"{opts.split}_standardised_errors.png"
-    fig.savefig(path, dpi=110)
-    written.append(path)
-    print(f"gridtnp plot: {len(written)} files in {opts.out}: " + ", ".join(p.name for p in written))

@@ -6,6 +6,11 @@ units with CF attributes, as NetCDF (``.nc``) or Zarr (``.zarr``). The DataModul
 coordinates (``predictions_to_xarray``); without that method the writer stores the raw tensors per task.
 
 In a notebook, ``predict(module, context, targets)`` does the same for xarray inputs.
+
+* ``PredictionWriter(path)``: the callback behind ``gridtnp predict``.
+* ``write_dataset(ds, path)``: NetCDF or Zarr by suffix, written beside ``path`` and then moved into place.
+* ``raw_predictions(outputs)``: ``mean, std [task, point, Dy]`` and ``x [task, point, Dx]`` when the DataModule
+  has no ``predictions_to_xarray``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import xarray as xr
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
+from gridtnp.files import replacing
 from gridtnp.registry import ConfigError
 
 Stats = tuple[float, float]
@@ -72,16 +78,12 @@ def _flatten(predictions: Sequence[Any]) -> list[Any]:
 
 def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
     """Write ``ds`` as NetCDF or Zarr (by suffix), replacing ``path`` only once the new file is complete."""
-    from gridtnp.data.prepare import replace_path
-
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if path.suffix == ".zarr":
-        ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
-    else:
-        ds.to_netcdf(tmp)
-    replace_path(tmp, path)
+    with replacing(path) as tmp:
+        if path.suffix == ".zarr":
+            ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
+        else:
+            ds.to_netcdf(tmp)
     return path
 
 

@@ -16,8 +16,9 @@ from torch.distributions import Normal
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.data import StationReanalysisDataModule
+from gridtnp.data.layout import DataError
 from gridtnp.data.prepare import prepare
-from gridtnp.data.store import DataError, coarsen_fields, normalisation_stats, open_store
+from gridtnp.data.store import coarsen_fields, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 

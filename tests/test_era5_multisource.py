@@ -16,9 +16,10 @@ import yaml
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.data import MultiSourceDataModule
-from gridtnp.data.era5 import Source
+from gridtnp.data.era5.multisource import Source
+from gridtnp.data.layout import DataError
 from gridtnp.data.prepare import prepare
-from gridtnp.data.store import ChunkCache, DataError, normalisation_stats, open_store
+from gridtnp.data.store import ChunkCache, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 

@@ -13,10 +13,11 @@ import zarr
 
 from gridtnp.cli import main
 from gridtnp.data import sample_path
+from gridtnp.data.layout import STATS_ATTR, DataError
 from gridtnp.data.prepare import prepare
 from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
 from gridtnp.data.stations import read_stations, snap_to_grid
-from gridtnp.data.store import STATS_ATTR, DataError, normalisation_stats, open_store, select
+from gridtnp.data.store import normalisation_stats, open_store, select
 from gridtnp.registry import ConfigError
 
 TRAIN = ("2019-03-01", "2019-03-21")

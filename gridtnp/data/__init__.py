@@ -1,4 +1,8 @@
-"""Synthetic task generators and LightningDataModules; importing this registers every task."""
+"""Synthetic task generators and LightningDataModules; importing this registers every task.
+
+``SyntheticDataModule``, ``Task``, ``sample_path`` (the embedded data); ``StationReanalysisDataModule`` and
+``MultiSourceDataModule`` (``gridtnp.data.era5``) are imported on first access, with xarray and dask.
+"""
 
 from typing import Any
 
@@ -18,8 +22,12 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # The ERA5 DataModules need xarray, pandas and dask: imported on first use, not with gridtnp.
-    if name in ("StationReanalysisDataModule", "MultiSourceDataModule"):
-        from gridtnp.data import era5
+    if name == "StationReanalysisDataModule":
+        from gridtnp.data.era5.station_reanalysis import StationReanalysisDataModule
 
-        return getattr(era5, name)
+        return StationReanalysisDataModule
+    if name == "MultiSourceDataModule":
+        from gridtnp.data.era5.multisource import MultiSourceDataModule
+
+        return MultiSourceDataModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,11 @@
-"""LightningDataModules that draw synthetic tasks on the fly.
+"""The task DataModules' shared loaders (``TaskDataModule``) and ``SyntheticDataModule``, which draws synthetic
+tasks on the fly.
+
+* ``TaskDataModule``: subclasses give ``split_task(split) -> Task``; it builds the training stream and the fixed
+  validation / test sets, each batch a ``Batch`` of ``batch_size`` tasks.
+* ``SyntheticDataModule(task, ...)``: a registered task generator (``gridtnp.data.tasks``) for every split.
+* ``TrainTaskStream``, ``FixedTaskSet``, ``ShardSampler``: the datasets and the evaluation sampler behind them;
+  ``seed_from(*parts)``, ``generator_from(*parts)``: the seeds below; ``check_counts``: argument checks.
 
 Seeding, so that a rerun with the same ``seed`` sees exactly the same data:
 
@@ -219,12 +226,13 @@ class TaskDataModule(L.LightningDataModule):
         num = self.val_batches if split == "val" else self.test_batches
         return FixedTaskSet(self.split_task(split), self.batch_size, num, self.seed, split)
 
-    def _loader_kwargs(self) -> dict[str, Any]:
+    def loader_kwargs(self) -> dict[str, Any]:
+        """What every loader of this module shares: pre-batched tasks (``batch_size=None``), workers, pinned memory."""
         return {"batch_size": None, "num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
 
     def train_dataloader(self) -> DataLoader:
         return _EpochLoader(
-            self.train_dataset(), self._epoch, self._consumed, persistent_workers=False, **self._loader_kwargs()
+            self.train_dataset(), self._epoch, self._consumed, persistent_workers=False, **self.loader_kwargs()
         )
 
     def eval_dataloader(self, split: str) -> DataLoader:
@@ -238,7 +246,7 @@ class TaskDataModule(L.LightningDataModule):
                     f"ranks ({world}), so that every rank evaluates a batch."
                 )
             sampler = ShardSampler(dataset, world, self._rank())
-        return DataLoader(dataset, sampler=sampler, shuffle=False, **self._loader_kwargs())
+        return DataLoader(dataset, sampler=sampler, shuffle=False, **self.loader_kwargs())
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val")

@@ -6,7 +6,12 @@ The store holds float32 variables ``[time, ..., latitude, longitude]`` chunked `
 per sampled time step), latitudes ascending, longitudes ascending in [-180, 180), ``time`` as datetime64, CF
 attributes kept; ``attrs["gridtnp_stats"]`` has each variable's training-period mean and std and
 ``attrs["gridtnp_provenance"]`` the sources and the command. It is written next to the target, then renamed into
-place, so an interrupted run never leaves a half-written store under the target's name.
+place (``gridtnp.files.replacing``), so an interrupted run never leaves a half-written store under the target's name.
+
+* ``prepare(inputs, out, variables, train_start, train_end, time_chunk)``: write the store, return its path.
+* ``open_sources(paths, variables)``: the inputs normalised (``gridtnp.data.layout.normalise``) and combined into
+  one lazy dataset; ``open_source(path)``: one input as stored.
+* ``auto_time_chunk(ds)``: the default time steps per chunk; ``is_zarr_store(path)``; ``data_main(argv)``: the CLI.
 """
 
 from __future__ import annotations
@@ -17,9 +22,6 @@ import importlib.util
 import itertools
 import os
 import shlex
-import shutil
-import uuid
-import warnings
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from importlib import metadata
@@ -30,13 +32,18 @@ import dask
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.store import DIMS, PROVENANCE_ATTR, STATS_ATTR, DataError, is_url, select_time
+from gridtnp.data.layout import (
+    DIMS,
+    PROVENANCE_ATTR,
+    STATS_ATTR,
+    DataError,
+    coverage,
+    iso,
+    normalise,
+    select_time,
+)
+from gridtnp.files import is_url, replacing
 
-COORD_ALIASES: dict[str, tuple[str, ...]] = {
-    "time": ("time", "valid_time"),
-    "latitude": ("latitude", "lat"),
-    "longitude": ("longitude", "lon", "long"),
-}
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
 ZARR_FORMAT = 2  # readable by zarr-python 2 and 3 (and most other Zarr readers); v3 adds nothing needed here
 
@@ -63,32 +70,6 @@ def open_source(path: str | os.PathLike[str]) -> xr.Dataset:
             f"{name}: cannot be read ({type(err).__name__}: {_first_line(err)}). Expected a NetCDF-3/4 file (.nc), "
             "a GRIB file (.grib, needs cfgrib) or a Zarr store (.zarr); the file may be truncated or corrupt."
         ) from err
-
-
-def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
-    """Rename coordinates to ``time, latitude, longitude``; time datetime64 and sorted, latitudes ascending,
-    longitudes ascending in [-180, 180); drop auxiliary coordinates (cfgrib's ``step``, ``number``, ...)."""
-    for canonical, aliases in COORD_ALIASES.items():
-        ds = _rename_coordinate(ds, canonical, aliases, source)
-    ds = ds.reset_coords(drop=True)
-    ds = _decode_time(ds, source)
-
-    lon_attrs = dict(ds["longitude"].attrs)
-    lon = ds["longitude"].values.astype(np.float64)
-    if lon.size and (lon.min() < -180 or lon.max() >= 180):
-        ds = ds.assign_coords(longitude=("longitude", (lon + 180.0) % 360.0 - 180.0, lon_attrs))
-    lat_attrs = dict(ds["latitude"].attrs)
-    if "stored_direction" in lat_attrs:  # cfgrib's note on the GRIB order, no longer true once sorted
-        lat_attrs["stored_direction"] = "increasing"
-    ds = ds.sortby(["time", "latitude", "longitude"])
-    ds["latitude"].attrs = lat_attrs
-    for dim in DIMS:
-        values = ds[dim].values
-        if values.size > 1 and not np.all(values[1:] > values[:-1]):
-            dup = values[1:][values[1:] == values[:-1]][0]
-            hint = " (after wrapping to [-180, 180), e.g. both 0 and 360)" if dim == "longitude" else ""
-            raise DataError(f"{source}: duplicate {dim} value {dup}{hint}; expected each {dim} once.")
-    return ds
 
 
 def open_sources(
@@ -134,8 +115,8 @@ def _combine(parts: list[xr.Dataset], paths: Sequence[Any]) -> xr.Dataset:
         for (prev, prev_path), (part, path) in itertools.pairwise(members):
             if part["time"].values[0] <= prev["time"].values[-1]:
                 raise DataError(
-                    f"{path} starts at {_iso(part.time.values[0])}, before {prev_path} ends at "
-                    f"{_iso(prev.time.values[-1])}; expected inputs that split the data in time, no step repeated."
+                    f"{path} starts at {iso(part.time.values[0])}, before {prev_path} ends at "
+                    f"{iso(prev.time.values[-1])}; expected inputs that split the data in time, no step repeated."
                 )
         datasets = [m[0] for m in members]
         merged.append(
@@ -233,13 +214,12 @@ def prepare(
         lazy_stats = {v: _lazy_stats(train[v]) for v in ds.data_vars}
 
         shape = " x ".join(f"{ds.sizes[d]} {d}" for d in ds.dims)
-        log(f"gridtnp data prepare: [2/4] {', '.join(ds.data_vars)} on {shape}; {_describe_coverage(ds)}")
+        log(f"gridtnp data prepare: [2/4] {', '.join(ds.data_vars)} on {shape}; {coverage(ds)}")
         log(
             f"gridtnp data prepare: [3/4] writing {out_path} in chunks of {steps} time steps, with mean/std over "
-            f"{_iso(train.time.values[0])} to {_iso(train.time.values[-1])} ({train.sizes['time']} steps)"
+            f"{iso(train.time.values[0])} to {iso(train.time.values[-1])} ({train.sizes['time']} steps)"
         )
-        tmp = out_path.with_name(f".{out_path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
+        with replacing(out_path) as tmp:
             store_kwargs = {"zarr_format": ZARR_FORMAT} if _zarr_major() >= 3 else {}
             write = ds.to_zarr(tmp, mode="w-", encoding=encoding, consolidated=False, compute=False, **store_kwargs)
             with _progress_bar(progress):
@@ -253,9 +233,6 @@ def prepare(
             stats_attr = _stats_attr(stats, train, inputs)
             _finish_store(tmp, stats_attr, _provenance(inputs, out_path, variables, train_start, train_end, steps))
             log(f"gridtnp data prepare: [4/4] moving the new store into place at {out_path}")
-            replace_path(tmp, out_path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     finally:
         source.close()
     for v, s in stats_attr.items():
@@ -307,45 +284,6 @@ def is_zarr_store(path: Path) -> bool:
     return path.is_dir() and any((path / name).exists() for name in ("zarr.json", ".zgroup", ".zmetadata"))
 
 
-def _rename_coordinate(ds: xr.Dataset, canonical: str, aliases: tuple[str, ...], source: str) -> xr.Dataset:
-    if canonical in ds.dims:
-        return ds
-    found = [name for name in ds.dims if str(name).lower() in aliases]
-    if found:
-        if canonical in ds.variables:  # e.g. cfgrib's scalar forecast reference `time` beside a `valid_time` dim
-            ds = ds.drop_vars(canonical)
-        return ds.rename({found[0]: canonical})
-    scalar = [name for name in ds.coords if str(name).lower() in aliases and ds[name].ndim == 0]
-    if scalar:  # a single time step stored as a scalar coordinate (cfgrib, one-step NetCDF files)
-        if scalar[0] != canonical:
-            ds = ds.drop_vars([canonical] if canonical in ds.variables else []).rename({scalar[0]: canonical})
-        return ds.set_coords(canonical).expand_dims(canonical)
-    raise DataError(
-        f"{source}: no {canonical} coordinate (looked for {', '.join(aliases)}, any case); found dimensions "
-        f"{', '.join(map(str, ds.dims)) or 'none'}. Expected gridded data on time, latitude and longitude."
-    )
-
-
-def _decode_time(ds: xr.Dataset, source: str) -> xr.Dataset:
-    time = ds["time"]
-    if np.issubdtype(time.dtype, np.datetime64):
-        return ds
-    index = ds.indexes["time"]
-    if isinstance(index, xr.CFTimeIndex):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # "converting a non-standard calendar" notice
-                return ds.assign_coords(time=("time", index.to_datetimeindex(), time.attrs))
-        except Exception as err:
-            raise DataError(
-                f"{source}: time ({index.calendar} calendar) cannot be converted to datetime64: {err}"
-            ) from err
-    raise DataError(
-        f"{source}: time has dtype {time.dtype} and units {time.attrs.get('units', '(none)')!r}; expected datetime64 "
-        "or CF units such as 'hours since 1970-01-01'."
-    )
-
-
 def _to_float32(ds: xr.Dataset) -> xr.Dataset:
     """float32 data variables with the source's NetCDF/GRIB encoding (packing, fill values, chunks) dropped."""
     ds = ds.copy()
@@ -368,7 +306,7 @@ def _lazy_stats(var: xr.DataArray) -> dict[str, Any]:
 
 
 def _stats_attr(stats: dict[str, dict[str, Any]], train: xr.Dataset, inputs: Sequence[Any]) -> dict[str, Any]:
-    first, last = _iso(train.time.values[0]), _iso(train.time.values[-1])
+    first, last = iso(train.time.values[0]), iso(train.time.values[-1])
     out = {}
     for v, computed in stats.items():
         mean, std = float(computed["mean"]), float(computed["std"])
@@ -432,19 +370,6 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise DataError(f"--out {out} exists and is not a Zarr store; refusing to replace it. Choose another path.")
 
 
-def replace_path(tmp: Path, out: Path) -> None:
-    """Move the file or directory ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted only
-    after the swap, so ``out`` is never missing or half-written."""
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}") if out.exists() else None
-    if old is not None:
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None and old.is_dir():
-        shutil.rmtree(old, ignore_errors=True)
-    elif old is not None:
-        old.unlink(missing_ok=True)
-
-
 def _progress_bar(enabled: bool) -> contextlib.AbstractContextManager[Any]:
     if not enabled:
         return contextlib.nullcontext()
@@ -457,20 +382,8 @@ def _describe_vars(ds: xr.Dataset) -> str:
     return ", ".join(f"{v} {tuple(map(str, da.dims))}" for v, da in ds.data_vars.items()) or "(none)"
 
 
-def _describe_coverage(ds: xr.Dataset) -> str:
-    lat, lon = ds["latitude"].values, ds["longitude"].values
-    return (
-        f"time {_iso(ds.time.values[0])} to {_iso(ds.time.values[-1])}, latitude {lat[0]:g} to {lat[-1]:g}, "
-        f"longitude {lon[0]:g} to {lon[-1]:g}"
-    )
-
-
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0]
-
-
-def _iso(t: Any) -> str:
-    return str(np.datetime_as_string(np.datetime64(t, "s")))
 
 
 def _zarr_major() -> int:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from gridtnp.data.store import DataError
+from gridtnp.data.layout import DataError
 
 COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
     "latitude": ("latitude", "lat"),

@@ -1,8 +1,16 @@
 """Open prepared Zarr stores lazily and select a date range and region, with errors a user can act on.
 
-A prepared store (``gridtnp data prepare``) holds variables ``[time, ..., latitude, longitude]`` with latitudes
-ascending, longitudes ascending in [-180, 180), ``time`` as datetime64, and per-variable normalisation statistics
-in ``attrs["gridtnp_stats"]``.
+A prepared store (``gridtnp data prepare``) is in the layout of ``gridtnp.data.layout``: variables
+``[time, ..., latitude, longitude]``, latitudes ascending, longitudes ascending in [-180, 180), normalisation
+statistics in ``attrs["gridtnp_stats"]``.
+
+* ``open_store(path_or_url, variables)``: the store as a lazy ``xarray.Dataset``, its layout checked
+  (``check_layout``) or, with ``convert_layout``, converted on read.
+* ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box.
+* ``normalisation_stats(ds, variable, level)``: ``(mean, std)`` of a variable over the training period.
+* ``ChunkCache``: whole time chunks ``[steps, ..., H, W]`` of a store in a per-process LRU;
+  ``read([(variable, time index [T])]) -> [fields [T, H, W]]``.
+* ``coarsen_fields(fields, factor)``: NaN-aware block means ``[..., H, W] -> [..., ceil(H / f), ceil(W / f)]``.
 """
 
 from __future__ import annotations
@@ -13,16 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import xarray as xr
 
+from gridtnp.data.layout import DIMS, STATS_ATTR, DataError, DateLike, coverage, normalise, select_time
+from gridtnp.files import is_url
 from gridtnp.registry import ConfigError
-
-STATS_ATTR = "gridtnp_stats"
-PROVENANCE_ATTR = "gridtnp_provenance"
-DIMS = ("time", "latitude", "longitude")
-
-DateLike = str | np.datetime64 | pd.Timestamp
 
 _PREPARE_HINT = (
     "Run `gridtnp data prepare SOURCE --out STORE.zarr` to write a store in gridtnp's layout, or set "
@@ -39,15 +42,6 @@ _PROTOCOL_PACKAGES = {
     "http": "aiohttp",
     "https": "aiohttp",
 }
-
-
-class DataError(ConfigError):
-    """Input data that cannot be used as given; the message names the file or variable and what was expected."""
-
-
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a remote URL (``gs://``, ``s3://``, ``https://``, ...) rather than a local path."""
-    return "://" in str(path)
 
 
 def open_store(
@@ -86,8 +80,6 @@ def open_store(
             )
         ds = ds[list(variables)]
     if convert_layout:
-        from gridtnp.data.prepare import normalise
-
         ds = normalise(ds, source)
     check_layout(ds, source)
     return ds
@@ -119,16 +111,6 @@ def check_layout(ds: xr.Dataset, source: str = "dataset") -> None:
         absent = [d for d in DIMS if d not in var.dims]
         if absent:
             raise DataError(f"{source}: variable {name!r} has dims {var.dims}; expected it to include {DIMS}.")
-
-
-def coverage(ds: xr.Dataset) -> str:
-    """What ``ds`` covers, for error messages: time range and steps, latitude and longitude ranges."""
-    time = ds.indexes["time"]
-    lat, lon = ds["latitude"].values, ds["longitude"].values
-    return (
-        f"time {_iso(time[0])} to {_iso(time[-1])} ({len(time)} steps), "
-        f"latitude {lat.min():g} to {lat.max():g}, longitude {lon.min():g} to {lon.max():g}"
-    )
 
 
 def select(
@@ -196,48 +178,6 @@ def normalisation_stats(
     if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
         raise DataError(f"{source}: {variable!r} has statistics mean {mean}, std {std}; need a finite std > 0.")
     return mean, std
-
-
-def select_time(ds: xr.Dataset, start: DateLike | None = None, end: DateLike | None = None) -> xr.Dataset:
-    """Lazy subset of ``ds`` with times in [start, end], inclusive at each string's resolution; errors as ``select``."""
-    time = ds.indexes["time"]
-    first, last = time[0], time[-1]
-    (s0, s1) = (first, first) if start is None else date_bounds(start, "start")
-    (e0, e1) = (last, last) if end is None else date_bounds(end, "end")
-    # Outside = a requested start (end) period wholly before (after) the store, or the range missing it entirely.
-    if s1 < first or e0 > last or s0 > last or e1 < first:
-        raise DataError(
-            f"Dates {_describe_range(start, end)} reach outside the store, which covers {coverage(ds)}. "
-            "Choose dates inside that range, or prepare a store that covers them."
-        )
-    if s0 > e1:
-        raise DataError(f"Dates: start {start} is after end {end}; expected start <= end.")
-    out = ds.sel(time=slice(s0, e1))
-    if out.sizes["time"] == 0:
-        raise DataError(f"No time steps {_describe_range(start, end)}; the store covers {coverage(ds)}.")
-    return out
-
-
-def date_bounds(value: DateLike, what: str = "date") -> tuple[pd.Timestamp, pd.Timestamp]:
-    """First and last instant a date covers: ``"2019-03-21"`` is that whole day, a timestamp is itself."""
-    try:
-        if isinstance(value, str):
-            period = pd.Period(value)
-            return period.start_time, period.end_time
-        t = pd.Timestamp(value)
-    except (ValueError, TypeError) as err:
-        raise DataError(f"{what} {value!r} is not a date; expected e.g. '2019-03-21' or '2019-03-21T06'.") from err
-    return t, t
-
-
-def _describe_range(start: DateLike | None, end: DateLike | None) -> str:
-    if start is None:
-        return f"up to {end}"
-    return f"from {start}" if end is None else f"{start} to {end}"
-
-
-def _iso(t: Any) -> str:
-    return pd.Timestamp(t).isoformat()
 
 
 def _step(axis: np.ndarray) -> float:

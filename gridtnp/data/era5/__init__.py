@@ -1,0 +1,13 @@
+"""The ERA5 task DataModules; importing this package registers them (``era5_stations``, ``era5_multisource``).
+
+* ``base``: ``ERA5DataModule``, what both share (a prepared store or the embedded sample, date splits, chunk cache).
+* ``station_reanalysis``: ``StationReanalysisDataModule``, station + reanalysis tasks, and its sampler.
+* ``multisource``: ``MultiSourceDataModule``, multi-source spatio-temporal tasks, ``Source`` and its sampler.
+* ``to_xarray``: their ``gridtnp predict`` outputs as CF ``xarray.Dataset``s in physical units.
+
+Both read a prepared Zarr store (``gridtnp data prepare``; see ``gridtnp.data.store``) lazily, one time chunk at a
+time, and are imported on first use (``gridtnp.data.StationReanalysisDataModule``, the registry) so that
+``import gridtnp`` does not load xarray.
+"""
+
+from gridtnp.data.era5 import multisource, station_reanalysis  # noqa: F401  (importing registers the DataModules)

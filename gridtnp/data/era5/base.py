@@ -1,0 +1,133 @@
+"""What the ERA5 DataModules share: ``ERA5DataModule`` (a prepared store or the embedded sample, date splits, a
+chunk cache) and helpers of their task samplers.
+
+* ``ERA5DataModule(store, dates, ...)``: ``store_path()``, ``prepare_data()``, ``open(variables)``,
+  ``chunk_cache(variables, region)``, ``split_hours(ds, path) -> {split: time indices [T]}``.
+* ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
+* ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
+* ``check_fraction_range(where, name, (a, b))``: ``0 <= a <= b <= 1``, or a ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from gridtnp.batch import Observations
+from gridtnp.data.datamodules import TaskDataModule
+from gridtnp.data.layout import DataError, iso, select_time
+from gridtnp.data.store import ChunkCache, open_store
+from gridtnp.data.tasks import check_range
+from gridtnp.registry import ConfigError
+
+SAMPLE_CACHE_NAME = "era5_t2m_uk_2019-03"
+SAMPLE_TRAIN_DATES = ("2019-03-01", "2019-03-21")
+
+
+def check_fraction_range(where: str, name: str, value: Sequence[float]) -> tuple[float, float]:
+    """``(a, b)`` as floats, or a ConfigError unless ``0 <= a <= b <= 1``."""
+    low, high = check_range(where, name, value, allow_equal=True)
+    if low < 0.0 or high > 1.0:
+        raise ConfigError(f"{where}: {name} must be (a, b) with 0 <= a <= b <= 1; got {tuple(value)}.")
+    return low, high
+
+
+def masked_observations(x: torch.Tensor, y: np.ndarray, mask: np.ndarray, name: str) -> Observations:
+    """Observations with masked values zeroed, so that no NaN ever reaches a tensor: ``y [B, N, Dy]``."""
+    y = np.where(mask[..., None], y, 0.0).astype(np.float32)
+    return Observations(x.contiguous(), torch.from_numpy(y), torch.from_numpy(np.ascontiguousarray(mask)), name)
+
+
+def default_cache_dir() -> Path:
+    """Where the embedded sample is prepared: ``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``."""
+    return Path(os.environ.get("GRIDTNP_CACHE") or Path.home() / ".cache" / "gridtnp")
+
+
+class ERA5DataModule(TaskDataModule):
+    """What the ERA5 DataModules share: a prepared store (or the embedded sample), date splits and loaders.
+
+    ``store=None`` prepares the embedded ERA5 sample once into ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``)
+    with statistics over ``train_dates``, and reuses it.
+    """
+
+    def __init__(
+        self,
+        store: str | None,
+        dates: dict[str, tuple[str, str]],
+        batch_size: int,
+        train_batches: int,
+        val_batches: int,
+        test_batches: int,
+        seed: int,
+        num_workers: int,
+        storage_options: dict[str, Any] | None = None,
+        convert_layout: bool = False,
+        stats: dict[str, Sequence[float]] | None = None,
+    ) -> None:
+        super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
+        self.store, self.storage_options = store, storage_options
+        self.convert_layout, self.stats = convert_layout, dict(stats or {})
+        self.dates = {split: tuple(pair) for split, pair in dates.items()}
+
+    def store_path(self) -> str:
+        """The store this module reads: ``store``, or the embedded sample's cache path."""
+        if self.store is not None:
+            return str(self.store)
+        train = self.dates["train"]
+        suffix = "" if train == SAMPLE_TRAIN_DATES else f"_train-{train[0]}_{train[1]}"
+        return str(default_cache_dir() / f"{SAMPLE_CACHE_NAME}{suffix}.zarr")
+
+    def prepare_data(self) -> None:
+        """Prepare the embedded sample into the cache once (statistics over ``train_dates``), unless ``store``."""
+        if self.store is not None:
+            return
+        from gridtnp.data.prepare import prepare
+        from gridtnp.data.sample import ERA5_SAMPLE, sample_path
+
+        out = Path(self.store_path())
+        if out.exists():
+            return
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            prepare([sample_path(ERA5_SAMPLE)], out, None, *self.dates["train"], progress=False)
+        except DataError:
+            if not out.exists():  # another process finished first otherwise
+                raise
+
+    def open(self, variables: Sequence[str]) -> xr.Dataset:
+        """The store (prepared first if it is the sample), lazily, with ``variables`` only."""
+        self.prepare_data()
+        return open_store(self.store_path(), variables, self.storage_options, self.convert_layout)
+
+    def chunk_cache(self, variables: Sequence[str], region: dict[str, slice] | None = None) -> ChunkCache:
+        """A per-process chunk cache on the store for ``variables`` (``cache_chunks`` chunks per variable)."""
+        capacity = self.cache_chunks * len(variables)
+        return ChunkCache(self.store_path(), capacity, self.storage_options, variables, region, self.convert_layout)
+
+    def split_hours(self, ds: xr.Dataset, path: str) -> dict[str, np.ndarray]:
+        """Indices into ``ds.time`` of each split's hours ``{split: [T]}``; errors name the split and the store."""
+        time = ds.indexes["time"]
+        hours = {}
+        for name, (start, end) in self.dates.items():
+            try:
+                selected = select_time(ds, start, end).indexes["time"]
+            except DataError as err:
+                raise DataError(f"{name}_dates ({start}, {end}) with store {path}: {err}") from err
+            hours[name] = np.arange(len(time))[time.isin(selected)]
+        names = list(hours)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                shared = np.intersect1d(hours[a], hours[b])
+                if shared.size:
+                    first = iso(time[shared[0]])
+                    raise DataError(
+                        f"The {a} and {b} dates overlap ({shared.size} hours, from {first}); "
+                        "choose disjoint date ranges."
+                    )
+        return hours

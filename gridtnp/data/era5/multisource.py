@@ -1,0 +1,378 @@
+"""Multi-source spatio-temporal tasks (the gridded TNP paper's wind experiment): ``MultiSourceDataModule``
+(registered as ``era5_multisource``), its sampler ``MultiSourceTask`` and ``Source`` (``"u@850"``).
+
+A task is a lat/lon box over ``window`` consecutive hours, every point at ``x = (hour, lat, lon)``: one context
+source per variable / level (``x [B, N, 3]``, ``y [B, N, 1]``) and targets ``x [B, Nt, 3]``,
+``y [B, Nt, len(target_variables)]``. Details in the DataModule's docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+from torch.utils.data import DataLoader, Dataset
+
+from gridtnp.batch import Batch
+from gridtnp.data.datamodules import check_counts, generator_from
+from gridtnp.data.era5.base import SAMPLE_TRAIN_DATES, ERA5DataModule, check_fraction_range, masked_observations
+from gridtnp.data.era5.to_xarray import Variable, window_predictions
+from gridtnp.data.layout import DIMS, DataError, coverage
+from gridtnp.data.store import ChunkCache, normalisation_stats, select
+from gridtnp.registry import ConfigError, register
+
+
+class Source:
+    """One modality of a multi-source task: ``"u10"`` (a variable) or ``"u@850"`` (variable ``u`` at level 850).
+
+    ``name`` is the context-source key (``"u850"`` for ``"u@850"``).
+    """
+
+    def __init__(self, spec: str) -> None:
+        variable, _, level = str(spec).partition("@")
+        if not variable or (level and not _is_number(level)):
+            raise ConfigError(f"Variable {spec!r}: expected a name such as 'u10', or name@level such as 'u@850'.")
+        self.spec, self.variable = str(spec), variable
+        self.level = float(level) if level else None
+        self.name = variable if self.level is None else f"{variable}{self.level:g}"
+
+    def __repr__(self) -> str:
+        return f"Source({self.spec!r})"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class MultiSourceTask:
+    """Draws batches of multi-source spatio-temporal tasks; see ``MultiSourceDataModule`` for the task."""
+
+    def __init__(
+        self,
+        cache: ChunkCache,
+        sources: Sequence[Source],
+        level_index: dict[str, int],
+        targets: Sequence[str],
+        stats: dict[str, tuple[float, float]],
+        x: np.ndarray,
+        window: int,
+        context_fraction: tuple[float, float],
+        target_fraction: float,
+    ) -> None:
+        self.cache, self.sources, self.level_index = cache, list(sources), level_index
+        self.targets = [s for s in self.sources if s.name in targets]  # context-source order
+        self.mean = {s.name: np.float32(stats[s.name][0]) for s in self.sources}
+        self.std = {s.name: np.float32(stats[s.name][1]) for s in self.sources}
+        self.x = torch.from_numpy(x.astype(np.float32))  # [P, 3] (hour in window, lat, lon) of every point
+        self.window, self.context_fraction, self.target_fraction = window, context_fraction, target_fraction
+
+    def sample(self, batch_size: int, generator: torch.Generator, starts: np.ndarray, dense: bool = False) -> Batch:
+        """``batch_size`` windows starting at random hours of ``starts``: one context source per variable, targets.
+
+        ``dense`` (predictions): the windows start at ``starts`` in order (``len(starts) == batch_size``), the
+        contexts are drawn from every point and every point of the window is a target.
+        """
+        b, p = batch_size, self.x.shape[0]
+        random_starts = starts[torch.randint(len(starts), (b,), generator=generator).numpy()] if not dense else None
+        pick = np.asarray(starts) if dense else random_starts  # [B] first hour of each window
+        steps = (pick[:, None] + np.arange(self.window)).reshape(-1)  # [B * T]
+        variables = list(dict.fromkeys(s.variable for s in self.sources))
+        fields = dict(zip(variables, self.cache.read([(v, steps) for v in variables]), strict=True))
+
+        values = {}  # normalised [B, P] per source, NaN where missing
+        for s in self.sources:
+            field = fields[s.variable]  # [B * T, (levels,) H, W]
+            if s.name in self.level_index:
+                field = field[:, self.level_index[s.name]]
+            values[s.name] = (field.reshape(b, p) - self.mean[s.name]) / self.std[s.name]
+
+        # Targets: a share `target_fraction` of the points, where every target variable is finite.
+        n_t = max(round(self.target_fraction * p), 1)
+        is_target = np.zeros((b, p), dtype=bool)
+        if dense:
+            n_t, idx_t = 0, np.broadcast_to(np.arange(p), (b, p))  # n_t = 0: contexts may use every point
+        else:
+            idx_t = torch.argsort(torch.rand(b, p, generator=generator), dim=1)[:, :n_t].numpy()  # [B, Nt]
+            np.put_along_axis(is_target, idx_t, True, axis=1)
+        y_t = np.stack([np.take_along_axis(values[s.name], idx_t, 1) for s in self.targets], -1)  # [B, Nt, Dy]
+        mask_t = np.isfinite(y_t).all(-1)
+
+        low, high = self.context_fraction
+        context = {}
+        for s in self.sources:
+            share = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64).numpy()
+            n_c = np.floor(share * p).astype(np.int64)  # [B]
+            # A random order of the points, target points of a target variable last: its context never holds them.
+            order = torch.rand(b, p, generator=generator).numpy()
+            if s in self.targets:
+                order = np.where(is_target, 2.0, order)
+                n_c = np.minimum(n_c, p - n_t)
+            width = max(int(n_c.max()), 1)
+            idx_c = np.argsort(order, axis=1)[:, :width]  # [B, Nc]
+            y_c = np.take_along_axis(values[s.name], idx_c, 1)[..., None]
+            mask_c = (np.arange(width) < n_c[:, None]) & np.isfinite(y_c[..., 0])
+            context[s.name] = masked_observations(self.x[torch.from_numpy(idx_c)], y_c, mask_c, f"context[{s.name!r}]")
+
+        target = masked_observations(self.x[torch.from_numpy(idx_t)], y_t, mask_t, "target")
+        extras = {"start_hour": torch.from_numpy(pick.astype(np.int64))}
+        if len(self.targets) == 1:  # metrics in physical units need one scale per task
+            extras["target_scale"] = torch.full((b,), float(self.std[self.targets[0].name]))
+        return Batch(context, target, extras)
+
+
+class _WindowTask:
+    """The ``Task`` interface of one split of a ``MultiSourceTask``: windows starting at ``starts``."""
+
+    def __init__(self, task: MultiSourceTask, starts: np.ndarray) -> None:
+        self.task, self.starts = task, starts
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        return self.task.sample(batch_size, generator, self.starts)
+
+
+class _WindowPredictSet(Dataset):
+    """Prediction batches of a ``MultiSourceDataModule``: non-overlapping windows of the test split, in order."""
+
+    def __init__(self, dm: MultiSourceDataModule) -> None:
+        self.task, self.batch_size, self.seed = dm.task, dm.batch_size, dm.seed
+        starts = dm.starts["test"]
+        chosen, next_free = [], -1
+        for start in starts:  # greedy: the next window starts once the previous one has ended
+            if start >= next_free:
+                chosen.append(start)
+                next_free = start + dm.window
+        self.starts = np.asarray(chosen, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return -(-len(self.starts) // self.batch_size)
+
+    def __getitem__(self, index: int) -> Batch:
+        starts = self.starts[index * self.batch_size : (index + 1) * self.batch_size]
+        generator = generator_from(self.seed, "predict", int(index))
+        return self.task.sample(len(starts), generator, starts, dense=True)
+
+
+@register("datamodule", "era5_multisource")
+class MultiSourceDataModule(ERA5DataModule):
+    """Multi-source spatio-temporal tasks (gridded TNP paper's wind experiment): each variable / pressure level is
+    its own context source over a lat/lon box and ``window`` consecutive hours.
+
+    Every point of a task has ``x = (hour in the window, lat, lon)`` (``dim_x = 3``, hours ``0 .. window - 1``,
+    degrees), so the model's grid can span ``[window, lat, lon]``. Context source ``name`` (``"u850"`` for
+    ``"u@850"``): a share ``~ U[context_fraction]`` (drawn per task and source) of that variable's points,
+    ``y [B, N, 1]``. Targets: a share ``target_fraction`` of the points, ``y [B, Nt, len(target_variables)]``;
+    a target variable's context never contains the target points. Values are normalised with the store's
+    training-period statistics (per level when the store has them); NaNs are masked out. ``extras``:
+    ``start_hour`` (index into the store's time axis of each window's first hour) and, with one target
+    variable, ``target_scale`` (its std, for metrics in physical units).
+
+    Args:
+        store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample (t2m only).
+        variables: the context sources, ``"name"`` or ``"name@level"`` (e.g. ``["u@700", "v@700", "u10"]``).
+        target_variables: the variables predicted at the targets, in ``variables``' notation (default: all).
+        region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store).
+        window: consecutive hours per task (T).
+        context_fraction: ``(a, b)``: each source's context share per task ``~ U[a, b]`` (the paper's
+            U[0.05, 0.25]).
+        target_fraction: share of the points used as targets (the paper's 0.25).
+        train_dates, val_dates, test_dates: inclusive ``(start, end)`` date strings of each split; a window lies
+            wholly inside its split.
+        batch_size, train_batches, val_batches, test_batches, seed, num_workers: as for every task DataModule.
+        cache_chunks: time chunks per variable kept in memory in each process.
+        storage_options: fsspec options for a remote store, e.g. ``{"token": "anon"}``.
+        convert_layout: accept a store that was not prepared by gridtnp (e.g. the public ARCO ERA5 store:
+            latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
+        stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
+            required for stores without them.
+    """
+
+    def __init__(
+        self,
+        store: str | None = None,
+        variables: Sequence[str] = ("t2m",),
+        target_variables: Sequence[str] | None = None,
+        region: tuple[float, float, float, float] | None = None,
+        window: int = 4,
+        context_fraction: tuple[float, float] = (0.05, 0.25),
+        target_fraction: float = 0.25,
+        train_dates: tuple[str, str] = SAMPLE_TRAIN_DATES,
+        val_dates: tuple[str, str] = ("2019-03-22", "2019-03-26"),
+        test_dates: tuple[str, str] = ("2019-03-27", "2019-03-31"),
+        batch_size: int = 8,
+        train_batches: int = 100,
+        val_batches: int = 16,
+        test_batches: int = 32,
+        seed: int = 0,
+        num_workers: int = 0,
+        cache_chunks: int = 8,
+        storage_options: dict[str, Any] | None = None,
+        convert_layout: bool = False,
+        stats: dict[str, Sequence[float]] | None = None,
+    ) -> None:
+        dates = {"train": train_dates, "val": val_dates, "test": test_dates}
+        super().__init__(
+            store,
+            dates,
+            batch_size,
+            train_batches,
+            val_batches,
+            test_batches,
+            seed,
+            num_workers,
+            storage_options=storage_options,
+            convert_layout=convert_layout,
+            stats=stats,
+        )
+        where = "MultiSourceDataModule"
+        check_counts(where, [("window", window, 1), ("cache_chunks", cache_chunks, 1)])
+        if isinstance(variables, str) or not variables:
+            raise ConfigError(
+                f"{where}: variables must be a non-empty list such as ['u@700', 'v@700']; got {variables!r}."
+            )
+        self.sources = [Source(v) for v in variables]
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: variables {list(variables)} name a source twice.")
+        targets = [Source(v).name for v in (variables if target_variables is None else target_variables)]
+        unknown = [t for t in targets if t not in names]
+        if unknown or not targets:
+            raise ConfigError(
+                f"{where}: target_variables {target_variables!r} must be a non-empty subset of variables {names}."
+            )
+        if not 0.0 < float(target_fraction) < 1.0:
+            raise ConfigError(f"{where}: target_fraction must be in (0, 1); got {target_fraction}.")
+        self.save_hyperparameters()
+        self.targets, self.region, self.window = targets, region, window
+        self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
+        self.target_fraction, self.cache_chunks = float(target_fraction), cache_chunks
+        self.task: MultiSourceTask | None = None
+        self.starts: dict[str, np.ndarray] = {}
+
+    dim_x = 3
+
+    @property
+    def dim_y(self) -> dict[str, int]:
+        """Output dimension per context source (one variable each)."""
+        return {s.name: 1 for s in self.sources}
+
+    @property
+    def target_dim_y(self) -> int:
+        """One output per target variable."""
+        return len(self.targets)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Open the store for metadata, check variables, levels, region and dates, and build the task sampler."""
+        if self.task is not None:
+            return
+        path = self.store_path()
+        variables = list(dict.fromkeys(s.variable for s in self.sources))
+        ds = self.open(variables)
+        box = select(ds, region=self.region) if self.region is not None else ds
+        lat, lon = box["latitude"].values, box["longitude"].values
+        region = {
+            "latitude": _index_slice(ds["latitude"].values, lat),
+            "longitude": _index_slice(ds["longitude"].values, lon),
+        }
+        level_index, stats = {}, {}
+        for s in self.sources:
+            var = ds[s.variable]
+            extra = [d for d in var.dims if d not in DIMS]
+            if len(extra) > 1 or var.dims[0] != "time" or var.dims[-2:] != DIMS[1:]:
+                raise DataError(
+                    f"{path}: variable {s.variable!r} has dims {var.dims}; expected {DIMS}, optionally "
+                    "with one level dimension after time."
+                )
+            if extra and s.level is None:
+                levels = ", ".join(f"{v:g}" for v in var[extra[0]].values)
+                raise DataError(
+                    f"{path}: variable {s.variable!r} has levels ({extra[0]}: {levels}); "
+                    f"name one, e.g. '{s.variable}@{var[extra[0]].values[0]:g}'."
+                )
+            if not extra and s.level is not None:
+                raise DataError(
+                    f"{path}: variable {s.variable!r} has no level dimension; write {s.variable!r}, not {s.spec!r}."
+                )
+            if extra:
+                levels = var[extra[0]].values
+                found = np.flatnonzero(np.isclose(levels.astype(np.float64), s.level))
+                if found.size == 0:
+                    raise DataError(
+                        f"{path}: variable {s.variable!r} has no level {s.level:g} "
+                        f"({extra[0]}: {', '.join(f'{v:g}' for v in levels)})."
+                    )
+                level_index[s.name] = int(found[0])
+            stats[s.name] = normalisation_stats(ds, s.variable, s.level, source=path, given=self.stats)
+
+        time = ds.indexes["time"]
+        self.starts = {}
+        for name, hours in self.split_hours(ds, path).items():
+            # A window starts at hour i when hours i .. i + T - 1 are all in the split and consecutive.
+            span = self.window - 1
+            if len(hours) > span:
+                ok = (hours[span:] - hours[: -span or None] == span) if span else np.ones(len(hours), bool)
+                ok &= (time[hours[span:]] - time[hours[: len(hours) - span]]) == pd.Timedelta(hours=span)
+                starts = hours[: len(hours) - span][ok]
+            else:
+                starts = hours[:0]
+            if starts.size == 0:
+                start, end = self.dates[name]
+                raise DataError(
+                    f"{path}: {name} dates {start} to {end} hold no {self.window} consecutive hours "
+                    f"(the store covers {coverage(ds)})."
+                )
+            self.starts[name] = starts
+
+        self.time_axis, self.box = time, (lat, lon)
+        self.units = {s.name: str(ds[s.variable].attrs.get("units", "")) for s in self.sources}
+        t, la, lo = np.meshgrid(np.arange(self.window, dtype=np.float64), lat, lon, indexing="ij")
+        x = np.stack([t, la, lo], -1).reshape(-1, 3)  # [T * H * W, 3], the order of a field's reshape
+        cache = self.chunk_cache(variables, region)
+        self.task = MultiSourceTask(
+            cache,
+            self.sources,
+            level_index,
+            self.targets,
+            stats,
+            x,
+            self.window,
+            self.context_fraction,
+            self.target_fraction,
+        )
+
+    def predict_dataloader(self) -> DataLoader:
+        """Consecutive, non-overlapping windows of the test split, ``batch_size`` a batch, predicted at every point."""
+        self.setup()
+        return DataLoader(_WindowPredictSet(self), shuffle=False, **self.loader_kwargs())
+
+    def predictions_to_xarray(self, outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
+        """``gridtnp predict`` outputs -> ``<variable>_mean``, ``<variable>_std`` on ``(time, latitude, longitude)``
+        in physical units, one variable per target variable."""
+        assert self.task is not None
+        variables = [
+            Variable(
+                s.name, s.spec, self.units.get(s.name, ""), float(self.task.mean[s.name]), float(self.task.std[s.name])
+            )
+            for s in self.task.targets
+        ]
+        attrs = {"context": ", ".join(s.spec for s in self.sources), "context_fraction": list(self.context_fraction)}
+        return window_predictions(outputs, self.time_axis, self.window, self.box, variables, self.store_path(), attrs)
+
+    def split_task(self, name: str) -> _WindowTask:
+        """The task generator of split ``name``: windows wholly inside that split."""
+        self.setup()
+        assert self.task is not None
+        return _WindowTask(self.task, self.starts[name])
+
+
+def _index_slice(axis: np.ndarray, selected: np.ndarray) -> slice:
+    """The index slice of ``axis`` holding the (contiguous) ``selected`` values."""
+    first = int(np.searchsorted(axis, selected[0]))
+    return slice(first, first + len(selected))

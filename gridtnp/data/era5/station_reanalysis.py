@@ -1,0 +1,422 @@
+"""Station + reanalysis tasks (the gridded TNP paper's t2m experiment): ``StationReanalysisDataModule``
+(registered as ``era5_stations``) and its sampler ``StationReanalysisTask``.
+
+A task is one hour: context ``"grid"`` (coarsened ERA5, ``x [B, G, 2]`` = (lat, lon), ``y [B, G, V]``) and
+``"stations"`` (a share of the stations, ``x [B, Nc, 2]``, ``y [B, Nc, 1]``); targets: the other stations
+(``x [B, Nt, 2]``, ``y [B, Nt, 1]``), or a regular grid for predictions. Details in the DataModule's docstring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+from torch.utils.data import DataLoader, Dataset
+
+from gridtnp.batch import Batch
+from gridtnp.data.datamodules import check_counts, generator_from
+from gridtnp.data.era5.base import SAMPLE_TRAIN_DATES, ERA5DataModule, check_fraction_range, masked_observations
+from gridtnp.data.era5.to_xarray import Variable, station_predictions
+from gridtnp.data.layout import DIMS, DataError, coverage
+from gridtnp.data.store import ChunkCache, coarsen_fields, normalisation_stats
+from gridtnp.registry import ConfigError, register
+
+
+class _Split:
+    """Time steps of one split: target times and the grid times ``time_offset_hours`` earlier, ``[T]`` each."""
+
+    def __init__(self, name: str, target_time: np.ndarray, grid_time: np.ndarray) -> None:
+        self.name, self.target_time, self.grid_time = name, target_time, grid_time
+
+
+class StationReanalysisTask:
+    """Draws batches of station + reanalysis tasks; see ``StationReanalysisDataModule`` for the task."""
+
+    def __init__(
+        self,
+        cache: ChunkCache,
+        grid_variables: Sequence[str],
+        station_variable: str,
+        stats: dict[str, tuple[float, float]],
+        grid_x: np.ndarray,
+        station_x: np.ndarray,
+        station_index: np.ndarray,
+        coarsen: int,
+        context_fraction: tuple[float, float],
+        target: str,
+    ) -> None:
+        self.cache, self.grid_variables, self.station_variable = cache, list(grid_variables), station_variable
+        self.mean = np.array([stats[v][0] for v in self.grid_variables], dtype=np.float32)
+        self.std = np.array([stats[v][1] for v in self.grid_variables], dtype=np.float32)
+        self.station_mean, self.station_std = (np.float32(s) for s in stats[station_variable])
+        self.grid_x = torch.from_numpy(grid_x.astype(np.float32))  # [G, 2] coarse cell centres (lat, lon)
+        self.station_x = station_x.astype(np.float32)  # [S, 2]
+        self.station_index = station_index  # [2, S] (lat, lon) index of each station's grid point
+        self.coarsen, self.context_fraction, self.target = max(int(coarsen), 1), context_fraction, target
+
+    @property
+    def num_stations(self) -> int:
+        return self.station_x.shape[0]
+
+    def sample(
+        self,
+        batch_size: int,
+        generator: torch.Generator,
+        split: _Split,
+        pick: np.ndarray | None = None,
+        share: float | None = None,
+        target_x: np.ndarray | None = None,
+    ) -> Batch:
+        """``batch_size`` tasks at random hours of ``split``: context ``grid [B, G, Dy]`` and ``stations``, targets.
+
+        For predictions: ``pick [B]`` fixes the hours (indices into the split), ``share`` the stations' context
+        share, and ``target_x [P, 2]`` replaces the station targets by those points (values unknown: ``y = 0``);
+        with ``share`` and no ``target_x`` every station is a target, and ``extras["is_context"] [B, S]`` says
+        which were in the context.
+        """
+        b, s = batch_size, self.num_stations
+        if pick is None:
+            pick = torch.randint(len(split.target_time), (b,), generator=generator).numpy()
+        low, high = self.context_fraction if share is None else (share, share)
+        share_b = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64)
+        n_ctx = np.minimum(np.floor(share_b.numpy() * s).astype(np.int64), s - 1)  # at least one target
+        perm = torch.argsort(torch.rand(b, s, generator=generator), dim=1).numpy()  # [B, S] random station order
+
+        t_target, t_grid = split.target_time[pick], split.grid_time[pick]
+        requests = [(v, t_grid) for v in self.grid_variables] + [(self.station_variable, t_target)]
+        baseline_in_grid = self.station_variable in self.grid_variables
+        if not baseline_in_grid:
+            requests.append((self.station_variable, t_grid))
+        fields = self.cache.read(requests)
+        coarse = coarsen_fields(np.stack(fields[: len(self.grid_variables)], axis=1), self.coarsen)  # [B, V, h, w]
+        coarse_station = (
+            coarse[:, self.grid_variables.index(self.station_variable)]
+            if baseline_in_grid
+            else coarsen_fields(fields[-1], self.coarsen)
+        )  # [B, h, w], the station variable on the coarse grid at the grid time
+
+        # On-the-grid context: every coarse cell, normalised; cells with a NaN in any variable are masked out.
+        y_grid = (coarse.reshape(b, coarse.shape[1], -1).transpose(0, 2, 1) - self.mean) / self.std  # [B, G, V]
+        grid_ok = np.isfinite(y_grid).all(-1)
+        lat_i, lon_i = self.station_index
+        rows = np.arange(b)[:, None]
+        station_y = (fields[len(self.grid_variables)][rows, lat_i, lon_i] - self.station_mean) / self.station_std
+        station_ok = np.isfinite(station_y)  # [B, S]
+        baseline = (coarse_station[rows, lat_i // self.coarsen, lon_i // self.coarsen] - self.station_mean) / (
+            self.station_std
+        )
+
+        # Off-the-grid context: the first n_ctx stations of each task's order; targets: the rest (or all).
+        width_c = max(int(n_ctx.max()), 1)
+        idx_c = perm[:, :width_c]
+        mask_c = (np.arange(width_c) < n_ctx[:, None]) & np.take_along_axis(station_ok, idx_c, 1)
+        if self.target == "held_out" and share is None:
+            width_t = s - int(n_ctx.min())
+            pos = n_ctx[:, None] + np.arange(width_t)
+            idx_t = np.take_along_axis(perm, np.minimum(pos, s - 1), 1)
+            mask_t = pos < s
+        else:
+            idx_t = np.broadcast_to(np.arange(s), (b, s))
+            mask_t = np.ones((b, s), dtype=bool)
+        mask_t = mask_t & np.take_along_axis(station_ok, idx_t, 1)
+
+        y_t = np.take_along_axis(station_y, idx_t, 1)
+        err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, np.nan) ** 2
+        num_targets = mask_t.sum(1)
+        with np.errstate(invalid="ignore"):
+            coarse_sq_err = np.where(num_targets > 0, np.nanmean(np.where(mask_t, err, np.nan), axis=1), 0.0)
+        context = {
+            "grid": masked_observations(self.grid_x.expand(b, -1, -1), y_grid, grid_ok, "context['grid']"),
+            "stations": masked_observations(
+                torch.from_numpy(self.station_x[idx_c]),
+                np.take_along_axis(station_y, idx_c, 1)[..., None],
+                mask_c,
+                "context['stations']",
+            ),
+        }
+        extras = {
+            "target_scale": torch.full((b,), float(self.station_std)),
+            "hour": torch.from_numpy(t_target.astype(np.int64)),
+        }
+        if target_x is not None:
+            p = len(target_x)
+            x_t = torch.from_numpy(np.ascontiguousarray(target_x, dtype=np.float32)).expand(b, p, 2)
+            target = masked_observations(x_t, np.zeros((b, p, 1), np.float32), np.ones((b, p), bool), "target")
+            return Batch(context, target, extras)
+        target = masked_observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
+        extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
+        extras["num_targets"] = torch.from_numpy(num_targets.astype(np.float32))
+        if share is not None:
+            is_context = np.zeros((b, s), dtype=bool)
+            np.put_along_axis(is_context, idx_c, mask_c, axis=1)
+            extras["is_context"] = torch.from_numpy(is_context)
+        return Batch(context, target, extras)
+
+
+class _SplitTask:
+    """The ``Task`` interface (``sample(batch_size, generator)``) of one split, for the shared task streams."""
+
+    def __init__(self, task: StationReanalysisTask, split: _Split) -> None:
+        self.task, self.split = task, split
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        return self.task.sample(batch_size, generator, self.split)
+
+
+class _PredictSet(Dataset):
+    """Prediction batches of a ``StationReanalysisDataModule``: consecutive hours of its ``predict_split``."""
+
+    def __init__(self, dm: StationReanalysisDataModule) -> None:
+        self.task, self.split = dm.task, dm.splits[dm.predict_split]
+        self.batch_size, self.seed, self.share = dm.batch_size, dm.seed, dm.predict_context_fraction
+        points = dm.predict_points()
+        self.target_x = None
+        if points is not None:
+            lat, lon = np.meshgrid(*points, indexing="ij")
+            self.target_x = np.stack([lat.ravel(), lon.ravel()], -1)  # [H * W, 2]
+
+    def __len__(self) -> int:
+        return -(-len(self.split.target_time) // self.batch_size)
+
+    def __getitem__(self, index: int) -> Batch:
+        pick = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, len(self.split.target_time)))
+        generator = generator_from(self.seed, "predict", int(index))
+        return self.task.sample(len(pick), generator, self.split, pick, self.share, self.target_x)
+
+
+@register("datamodule", "era5_stations")
+class StationReanalysisDataModule(ERA5DataModule):
+    """Station + reanalysis tasks (gridded TNP paper's t2m experiment): coarse ERA5 on the grid plus some stations
+    as context, the other stations as targets.
+
+    Each task is one random hour of the split. Context ``"grid"``: every grid variable at ``time_offset_hours``
+    before that hour, averaged over ``coarsen x coarsen`` blocks (NaN-aware), at the blocks' centres
+    ``x = (lat, lon)`` in degrees, ``y [B, G, len(grid_variables)]``. Context ``"stations"``: a share
+    ``~ U[context_fraction]`` of the distinct stations inside the store's box, ``y`` = ``station_variable`` at the
+    station's nearest grid point (values from ERA5, as in the paper), ``x`` = the station's own coordinates
+    from the CSV. Targets: the other stations (``held_out``) or all. Values are normalised with the store's
+    training-period statistics; NaNs are masked out (and zeroed). Stations snapping to a grid point that an earlier
+    station already has are dropped (``unique_grid_points``), so no target shares its value with a context station.
+
+    ``extras`` per task: ``target_scale`` (the station variable's std: metrics in physical units),
+    ``coarse_sq_err`` (mean squared normalised error of predicting each target by the coarse cell of the station
+    variable containing it, at the grid time), ``num_targets`` and ``hour`` (index into the store's time axis).
+
+    Args:
+        store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample once into
+            ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) and reuses it.
+        stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
+        station_variable: the variable observed at the stations (context and targets).
+        grid_variables: the variables of the on-the-grid context.
+        coarsen: block size of the on-the-grid context (4: 0.25 -> 1 degree); 1 keeps the store's resolution.
+        context_fraction: ``(a, b)``: each task uses a share ``~ U[a, b]`` of the stations as context
+            (the paper's U[0, 0.3]).
+        target: ``"held_out"`` (stations not in the context) or ``"all"``.
+        train_dates, val_dates, test_dates: inclusive ``(start, end)`` date strings of each split.
+        time_offset_hours: the grid context is from this many hours before the target hour (nowcasting).
+        batch_size: tasks per batch.
+        train_batches: batches per training epoch (per rank).
+        val_batches, test_batches: batches in the fixed validation / test sets.
+        seed: base seed of every split.
+        num_workers: DataLoader workers (each opens its own handle on the store).
+        cache_chunks: time chunks per variable kept in memory in each process.
+        storage_options: fsspec options for a remote store, e.g. ``{"token": "anon"}``.
+        convert_layout: accept a store that was not prepared by gridtnp (e.g. the public ARCO ERA5 store:
+            latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
+        stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
+            required for stores without them.
+        predict_split: the split whose hours ``gridtnp predict`` covers, every hour in order.
+        predict_context_fraction: the stations' context share for predictions (default: the middle of
+            ``context_fraction``), drawn with a fixed seed.
+        predict_resolution: predict on a regular lat/lon grid of this spacing (degrees) over the store's box
+            instead of at the stations.
+        unique_grid_points: keep one station per grid point (the first in the file). Two stations on one grid point
+            have the same value, so one in the context would give the other away as a target; the embedded HadISD
+            list has 9,159 distinct 0.25 degree points among its 9,957 stations.
+    """
+
+    def __init__(
+        self,
+        store: str | None = None,
+        stations: str | None = None,
+        station_variable: str = "t2m",
+        grid_variables: Sequence[str] = ("t2m",),
+        coarsen: int = 4,
+        context_fraction: tuple[float, float] = (0.0, 0.3),
+        target: Literal["held_out", "all"] = "held_out",
+        train_dates: tuple[str, str] = SAMPLE_TRAIN_DATES,
+        val_dates: tuple[str, str] = ("2019-03-22", "2019-03-26"),
+        test_dates: tuple[str, str] = ("2019-03-27", "2019-03-31"),
+        time_offset_hours: int = 0,
+        batch_size: int = 16,
+        train_batches: int = 100,
+        val_batches: int = 16,
+        test_batches: int = 32,
+        seed: int = 0,
+        num_workers: int = 0,
+        cache_chunks: int = 8,
+        storage_options: dict[str, Any] | None = None,
+        convert_layout: bool = False,
+        stats: dict[str, Sequence[float]] | None = None,
+        unique_grid_points: bool = True,
+        predict_split: Literal["train", "val", "test"] = "test",
+        predict_context_fraction: float | None = None,
+        predict_resolution: float | None = None,
+    ) -> None:
+        dates = {"train": train_dates, "val": val_dates, "test": test_dates}
+        super().__init__(
+            store,
+            dates,
+            batch_size,
+            train_batches,
+            val_batches,
+            test_batches,
+            seed,
+            num_workers,
+            storage_options=storage_options,
+            convert_layout=convert_layout,
+            stats=stats,
+        )
+        where = "StationReanalysisDataModule"
+        check_counts(
+            where,
+            [("coarsen", coarsen, 1), ("time_offset_hours", time_offset_hours, 0), ("cache_chunks", cache_chunks, 1)],
+        )
+        if target not in ("held_out", "all"):
+            raise ConfigError(f"{where}: target must be 'held_out' or 'all'; got {target!r}.")
+        if isinstance(grid_variables, str) or not grid_variables:
+            raise ConfigError(f"{where}: grid_variables must be a non-empty list of names; got {grid_variables!r}.")
+        self.save_hyperparameters()
+        self.stations = stations
+        self.station_variable, self.grid_variables = station_variable, list(grid_variables)
+        self.coarsen, self.target = coarsen, target
+        self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
+        self.time_offset_hours = time_offset_hours
+        self.cache_chunks, self.unique_grid_points = cache_chunks, unique_grid_points
+        if predict_context_fraction is not None and not 0.0 <= predict_context_fraction <= 1.0:
+            raise ConfigError(f"{where}: predict_context_fraction must be in [0, 1]; got {predict_context_fraction}.")
+        if predict_resolution is not None and predict_resolution <= 0:
+            raise ConfigError(
+                f"{where}: predict_resolution must be a positive spacing in degrees; got {predict_resolution}."
+            )
+        self.predict_split, self.predict_resolution = predict_split, predict_resolution
+        self.predict_context_fraction = (
+            sum(self.context_fraction) / 2 if predict_context_fraction is None else float(predict_context_fraction)
+        )
+        self.task: StationReanalysisTask | None = None
+        self.splits: dict[str, _Split] = {}
+
+    dim_x = 2
+    geographic = True  # x = (latitude, longitude) in degrees: plots draw maps
+
+    @property
+    def dim_y(self) -> dict[str, int]:
+        """Output dimension per context source."""
+        return {"grid": len(self.grid_variables), "stations": 1}
+
+    target_dim_y = 1
+
+    def setup(self, stage: str | None = None) -> None:
+        """Open the store for metadata, check variables, dates and stations, and build the task sampler."""
+        if self.task is not None:
+            return
+        from gridtnp.data.sample import STATIONS_SAMPLE, sample_path
+        from gridtnp.data.stations import read_stations
+
+        path = self.store_path()
+        variables = list(dict.fromkeys([*self.grid_variables, self.station_variable]))
+        ds = self.open(variables)
+        for v in variables:
+            if ds[v].dims != DIMS:
+                raise DataError(
+                    f"{path}: variable {v!r} has dims {ds[v].dims}; station tasks need {DIMS} (select one level "
+                    "when preparing the store)."
+                )
+        stats = {v: normalisation_stats(ds, v, source=path, given=self.stats) for v in variables}
+        lat, lon = ds["latitude"].values, ds["longitude"].values
+        station_file = str(self.stations if self.stations is not None else sample_path(STATIONS_SAMPLE))
+        table = read_stations(station_file, lat, lon)
+        keep = (table["inside"] & ~(table["duplicate"] & self.unique_grid_points)).to_numpy()
+        if keep.sum() < 2:
+            raise DataError(
+                f"{station_file}: {int(keep.sum())} distinct station(s) inside the store {path}, which covers "
+                f"{coverage(ds)}; need at least 2 (context and targets). Use a station file for this region."
+            )
+        kept = table[keep]
+        self.station_table = kept.reset_index(drop=True)
+        self.time_axis, self.box = ds.indexes["time"], (lat, lon)
+        self.units = str(ds[self.station_variable].attrs.get("units", ""))
+        self.long_name = str(ds[self.station_variable].attrs.get("long_name", self.station_variable))
+        station_x = kept[["latitude", "longitude"]].to_numpy(np.float64)
+        station_index = np.stack([kept["lat_index"].to_numpy(np.int64), kept["lon_index"].to_numpy(np.int64)])
+
+        time = ds.indexes["time"]
+        self.splits = {}
+        for name, target_time in self.split_hours(ds, path).items():
+            grid_time = time.get_indexer(time[target_time] - pd.Timedelta(hours=self.time_offset_hours))
+            ok = grid_time >= 0
+            if not ok.any():
+                start, end = self.dates[name]
+                raise DataError(
+                    f"{path}: no {name} hour from {start} to {end} has grid data {self.time_offset_hours} h earlier; "
+                    f"the store covers {coverage(ds)}."
+                )
+            self.splits[name] = _Split(name, target_time[ok], grid_time[ok])
+
+        c = self.coarsen
+        hc, wc = -(-len(lat) // c), -(-len(lon) // c)
+        lat_c = coarsen_fields(np.broadcast_to(lat[:, None], (len(lat), len(lon))).astype(np.float32), c)
+        lon_c = coarsen_fields(np.broadcast_to(lon[None, :], (len(lat), len(lon))).astype(np.float32), c)
+        grid_x = np.stack([lat_c, lon_c], -1).reshape(hc * wc, 2)
+        cache = self.chunk_cache(variables)
+        self.task = StationReanalysisTask(
+            cache,
+            self.grid_variables,
+            self.station_variable,
+            stats,
+            grid_x,
+            station_x,
+            station_index,
+            c,
+            self.context_fraction,
+            self.target,
+        )
+
+    def predict_points(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The ``predict_resolution`` grid over the store's box: ``(lat [H], lon [W])``, or None (stations)."""
+        if self.predict_resolution is None:
+            return None
+        lat, lon = self.box
+        r = self.predict_resolution
+        return np.arange(lat.min(), lat.max() + r / 2, r), np.arange(lon.min(), lon.max() + r / 2, r)
+
+    def predict_dataloader(self) -> DataLoader:
+        """Every hour of ``predict_split`` in order, ``batch_size`` hours a batch, context drawn with a fixed seed."""
+        self.setup()
+        return DataLoader(_PredictSet(self), shuffle=False, **self.loader_kwargs())
+
+    def predictions_to_xarray(self, outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
+        """``gridtnp predict`` outputs -> ``mean``, ``std`` in physical units on ``(time, station)`` with station
+        coordinates (and ``observed``, ``is_context``), or on ``(time, latitude, longitude)``."""
+        assert self.task is not None
+        variable = Variable(
+            self.station_variable,
+            self.long_name,
+            self.units,
+            float(self.task.station_mean),
+            float(self.task.station_std),
+        )
+        attrs = {"predict_split": self.predict_split, "predict_context_fraction": self.predict_context_fraction}
+        return station_predictions(
+            outputs, self.time_axis, variable, self.station_table, self.predict_points(), self.store_path(), attrs
+        )
+
+    def split_task(self, name: str) -> _SplitTask:
+        """The task generator of split ``name``, reading only that split's hours."""
+        self.setup()
+        assert self.task is not None
+        return _SplitTask(self.task, self.splits[name])

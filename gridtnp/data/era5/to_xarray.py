@@ -1,0 +1,120 @@
+"""``gridtnp predict`` outputs of the ERA5 DataModules as CF ``xarray.Dataset``s in physical units.
+
+* ``station_predictions(outputs, ...)``: ``mean``, ``std`` on ``(time, station)`` with station coordinates and
+  ``observed``, ``is_context``; or, with a prediction grid, on ``(time, latitude, longitude)``.
+* ``window_predictions(outputs, ...)``: ``<variable>_mean``, ``<variable>_std`` on ``(time, latitude, longitude)``.
+* ``Variable``: a predicted variable's name, description, units and normalisation ``(mean, std)``.
+
+``outputs`` are the module's prediction steps: ``mean``, ``std``, ``y`` ``[B, P, Dy]``, ``mask`` ``[B, P]`` and the
+batch's extras (``hour [B]``, ``is_context [B, P]``; ``start_hour [B]``), in normalised units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+
+Dims = tuple[str, ...]
+
+
+class Variable(NamedTuple):
+    """A predicted variable: ``name``, ``description`` (for long names), ``units``, normalisation ``mean``, ``std``."""
+
+    name: str
+    description: str
+    units: str
+    mean: float
+    std: float
+
+
+def station_predictions(
+    outputs: Sequence[dict[str, torch.Tensor]],
+    time_axis: pd.Index,
+    variable: Variable,
+    stations: pd.DataFrame,
+    points: tuple[np.ndarray, np.ndarray] | None,
+    store: str,
+    attrs: dict[str, Any],
+) -> xr.Dataset:
+    """Station + reanalysis outputs -> ``mean``, ``std`` on ``(time, station)`` (``stations``' coordinates, plus
+    ``observed`` and ``is_context``), or on ``(time, latitude, longitude)`` for prediction ``points`` ``(lat [H],
+    lon [W])``; ``time_axis[hour]`` gives the times, ``attrs`` are added to the dataset's."""
+    mean = torch.cat([o["mean"][..., 0] for o in outputs]).double().numpy()  # [T, P]
+    std = torch.cat([o["std"][..., 0] for o in outputs]).double().numpy()
+    time = time_axis[torch.cat([o["hour"] for o in outputs]).numpy()]
+    if points is not None:
+        lat, lon = points
+        dims: Dims = ("time", "latitude", "longitude")
+        coords: dict[str, Any] = {"time": time, "latitude": lat, "longitude": lon}
+        return _cf_dataset(_physical(variable, mean, std, dims, (len(time), len(lat), len(lon))), coords, store, attrs)
+    dims = ("time", "station")
+    coords = {
+        "time": time,
+        "station": np.arange(len(stations)),
+        "latitude": ("station", stations["latitude"].to_numpy(np.float64)),
+        "longitude": ("station", stations["longitude"].to_numpy(np.float64)),
+    }
+    if "station_id" in stations:
+        coords["station_id"] = ("station", stations["station_id"].astype(str).to_numpy())
+    observed = torch.cat([o["y"][..., 0] for o in outputs]).double().numpy() * variable.std + variable.mean
+    valid = torch.cat([o["mask"] for o in outputs]).numpy()
+    data = _physical(variable, mean, std, dims, mean.shape)
+    data["observed"] = (
+        dims,
+        np.where(valid, observed, np.nan),
+        {"units": variable.units, "long_name": f"{variable.description} (ERA5 at the station)"},
+    )
+    data["is_context"] = (
+        dims,
+        torch.cat([o["is_context"] for o in outputs]).numpy().astype(np.int8),
+        {"long_name": "station was in the context set", "flag_values": [0, 1]},
+    )
+    return _cf_dataset(data, coords, store, attrs)
+
+
+def window_predictions(
+    outputs: Sequence[dict[str, torch.Tensor]],
+    time_axis: pd.Index,
+    window: int,
+    box: tuple[np.ndarray, np.ndarray],
+    variables: Sequence[Variable],
+    store: str,
+    attrs: dict[str, Any],
+) -> xr.Dataset:
+    """Multi-source outputs (windows of ``window`` hours over ``box = (lat [H], lon [W])``, output ``j`` =
+    ``variables[j]``) -> ``<name>_mean``, ``<name>_std`` on ``(time, latitude, longitude)``; ``attrs`` are added."""
+    lat, lon = box
+    start = torch.cat([o["start_hour"] for o in outputs]).numpy()
+    time = time_axis[(start[:, None] + np.arange(window)).reshape(-1)]
+    mean = torch.cat([o["mean"] for o in outputs]).double().numpy()  # [windows, P, Dy]
+    std = torch.cat([o["std"] for o in outputs]).double().numpy()
+    dims = ("time", "latitude", "longitude")
+    data = {}
+    for j, variable in enumerate(variables):
+        fields = _physical(variable, mean[..., j], std[..., j], dims, (-1, len(lat), len(lon)))
+        data.update({f"{variable.name}_{kind}": field for kind, field in fields.items()})
+    return _cf_dataset(data, {"time": time, "latitude": lat, "longitude": lon}, store, attrs)
+
+
+def _physical(
+    variable: Variable, mean: np.ndarray, std: np.ndarray, dims: Dims, shape: Sequence[int]
+) -> dict[str, tuple[Dims, np.ndarray, dict[str, str]]]:
+    """``{"mean": ..., "std": ...}`` data variables: normalised predictions in ``variable``'s units, reshaped."""
+    out = {}
+    for kind, values in (("mean", mean * variable.std + variable.mean), ("std", std * variable.std)):
+        long_name = f"predictive {'mean' if kind == 'mean' else 'standard deviation'} of {variable.description}"
+        out[kind] = (dims, values.reshape(shape), {"units": variable.units, "long_name": long_name})
+    return out
+
+
+def _cf_dataset(data: dict[str, Any], coords: dict[str, Any], store: str, attrs: dict[str, Any]) -> xr.Dataset:
+    ds = xr.Dataset(data, coords=coords)
+    ds["latitude"].attrs = {"units": "degrees_north", "standard_name": "latitude"}
+    ds["longitude"].attrs = {"units": "degrees_east", "standard_name": "longitude"}
+    ds.attrs.update({"Conventions": "CF-1.8", "source": f"gridtnp predictions from the store {store}", **attrs})
+    return ds
