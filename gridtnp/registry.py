@@ -160,10 +160,7 @@ def build(kind: str, name: str, /, **kwargs: Any) -> Any:
 
 def spec_arguments(kind: str, spec: dict[str, Any] | str, /, **shared: Any) -> tuple[str, dict[str, Any]]:
     """The name and keyword arguments that ``build_from_spec`` builds ``spec`` with: its own keys plus the
-    ``shared`` settings the component accepts (``SHARED[kind]``: ``dim``, ``dim_x``, ...) that it does not set."""
-    undeclared = set(shared) - set(SHARED[kind])
-    if undeclared:  # a programming error, not a user's: every shared setting is declared (and documented) in SHARED
-        raise TypeError(f"build_from_spec: {sorted(undeclared)} are not shared settings of a {kind}; see SHARED.")
+    ``shared`` settings the component accepts (the model passes those of ``SHARED[kind]``) that it does not set."""
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict) or "name" not in spec:

@@ -12,7 +12,8 @@ import torch
 from gridtnp.batch import DEFAULT_SOURCE, Batch
 from gridtnp.data import SyntheticDataModule
 from gridtnp.data.datamodules import FixedTaskSet, TrainTaskStream
-from gridtnp.data.gp import GP1D, GP2D, GP2DMultimodal, SKIGrid, mixed_kernel_matrix, predictive_loglik
+from gridtnp.data.gp import GP1D, GP2D, GP2DMultimodal
+from gridtnp.data.gp_kernels import SKIGrid, mixed_kernel_matrix, predictive_loglik
 from gridtnp.data.sawtooth import Sawtooth2DRestricted, sawtooth
 from gridtnp.registry import ConfigError, build_from_spec
 

@@ -35,7 +35,21 @@ def sawtooth(u: Tensor, frequency: Tensor, shift: Tensor, terms: Tensor, max_ter
 
 class _Sawtooth:
     """Shared sampling for the sawtooth tasks; subclasses choose the input dimension, the directions and the
-    default set sizes (``None`` takes them)."""
+    default set sizes (``None`` takes them).
+
+    Args:
+        min_context: fewest context points of a task.
+        max_context: most context points of a task (null: 64 in 1-D, 256 in 2-D).
+        num_targets: target points per task (null: 128 in 1-D, 256 in 2-D).
+        context_range: ``(low, high)`` of the context x along each dimension, drawn uniformly.
+        target_range: ``(low, high)`` of the target x along each dimension, drawn uniformly.
+        frequency_range: range of the wave's frequency, drawn uniformly per task.
+        shift_range: range of the wave's phase shift, drawn uniformly per task.
+        min_terms: fewest Fourier terms of the truncated sawtooth series.
+        max_terms: most Fourier terms of the truncated sawtooth series.
+        amplitude: peak-to-peak amplitude of the wave.
+        noise: standard deviation of the Gaussian observation noise.
+    """
 
     name = "sawtooth"
     dim_x = 1
@@ -112,7 +126,11 @@ class Sawtooth2D(_Sawtooth):
     default_num_targets = 256
 
     def __init__(self, rotation: float = 0.0, **kwargs: Any) -> None:
-        """``rotation`` (degrees, added to every direction's angle) plus the arguments of ``sawtooth1d``."""
+        """The arguments of ``sawtooth1d`` and:
+
+        Args:
+            rotation: angle in degrees added to every task's direction.
+        """
         if isinstance(rotation, bool) or not isinstance(rotation, (int, float)):
             raise ConfigError(f"{self.name}: rotation must be an angle in degrees; got {rotation!r}.")
         super().__init__(**kwargs)
@@ -138,7 +156,11 @@ class Sawtooth2DRestricted(Sawtooth2D):
     name = "sawtooth2d_restricted"
 
     def __init__(self, test_rotated: bool = False, **kwargs: Any) -> None:
-        """``test_rotated`` plus the arguments of ``sawtooth2d`` (``rotation``, ...)."""
+        """The arguments of ``sawtooth2d`` (``rotation``, ...) and:
+
+        Args:
+            test_rotated: draw any direction instead of the diagonals (the rotated test tasks).
+        """
         if not isinstance(test_rotated, bool):
             raise ConfigError(f"{self.name}: test_rotated must be true or false; got {test_rotated!r}.")
         super().__init__(**kwargs)

@@ -162,8 +162,10 @@ class _WindowPredictSet(Dataset):
 
 @register("datamodule", "era5_multisource")
 class MultiSourceDataModule(ERA5DataModule):
-    """Multi-source spatio-temporal tasks (gridded TNP paper's wind experiment): each variable / pressure level is
-    its own context source over a lat/lon box and ``window`` consecutive hours.
+    """Multi-source spatio-temporal tasks: each variable / pressure level a context source, over a box and T hours.
+
+    The gridded TNP paper's wind experiment: each variable / pressure level is its own context source over a
+    lat/lon box and ``window`` consecutive hours.
 
     Every point of a task has ``x = (hour in the window, lat, lon)`` (``dim_x = 3``, hours ``0 .. window - 1``,
     degrees), so the model's grid can span ``[window, lat, lon]``. Context source ``name`` (``"u850"`` for
@@ -183,9 +185,16 @@ class MultiSourceDataModule(ERA5DataModule):
         context_fraction: ``(a, b)``: each source's context share per task ``~ U[a, b]`` (the paper's
             U[0.05, 0.25]).
         target_fraction: share of the points used as targets (the paper's 0.25).
-        train_dates, val_dates, test_dates: inclusive ``(start, end)`` date strings of each split; a window lies
-            wholly inside its split.
-        batch_size, train_batches, val_batches, test_batches, seed, num_workers: as for every task DataModule.
+        train_dates: inclusive ``(start, end)`` date strings of the training split (a window lies wholly inside
+            its split).
+        val_dates: inclusive ``(start, end)`` date strings of the validation split.
+        test_dates: inclusive ``(start, end)`` date strings of the test split.
+        batch_size: tasks per batch.
+        train_batches: batches per training epoch (per rank).
+        val_batches: batches in the fixed validation set.
+        test_batches: batches in the fixed test set.
+        seed: base seed of every split.
+        num_workers: DataLoader workers (each opens its own handle on the store).
         cache_chunks: time chunks per variable kept in memory in each process.
         storage_options: fsspec options for a remote store, e.g. ``{"token": "anon"}``.
         convert_layout: accept a store that was not prepared by gridtnp (e.g. the public ARCO ERA5 store:

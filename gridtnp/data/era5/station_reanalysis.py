@@ -190,8 +190,9 @@ class _PredictSet(Dataset):
 
 @register("datamodule", "era5_stations")
 class StationReanalysisDataModule(ERA5DataModule):
-    """Station + reanalysis tasks (gridded TNP paper's t2m experiment): coarse ERA5 on the grid plus some stations
-    as context, the other stations as targets.
+    """Station + reanalysis tasks: coarse ERA5 on the grid and some stations as context, other stations as targets.
+
+    The gridded TNP paper's t2m experiment, with t2m rather than skt on the grid (a downscaling variant).
 
     Each task is one random hour of the split. Context ``"grid"``: every grid variable at ``time_offset_hours``
     before that hour, averaged over ``coarsen x coarsen`` blocks (NaN-aware), at the blocks' centres
@@ -216,11 +217,14 @@ class StationReanalysisDataModule(ERA5DataModule):
         context_fraction: ``(a, b)``: each task uses a share ``~ U[a, b]`` of the stations as context
             (the paper's U[0, 0.3]).
         target: ``"held_out"`` (stations not in the context) or ``"all"``.
-        train_dates, val_dates, test_dates: inclusive ``(start, end)`` date strings of each split.
+        train_dates: inclusive ``(start, end)`` date strings of the training split.
+        val_dates: inclusive ``(start, end)`` date strings of the validation split.
+        test_dates: inclusive ``(start, end)`` date strings of the test split.
         time_offset_hours: the grid context is from this many hours before the target hour (nowcasting).
         batch_size: tasks per batch.
         train_batches: batches per training epoch (per rank).
-        val_batches, test_batches: batches in the fixed validation / test sets.
+        val_batches: batches in the fixed validation set.
+        test_batches: batches in the fixed test set.
         seed: base seed of every split.
         num_workers: DataLoader workers (each opens its own handle on the store).
         cache_chunks: time chunks per variable kept in memory in each process.
