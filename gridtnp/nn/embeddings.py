@@ -1,4 +1,10 @@
-"""Embeddings of input locations ``x [B, N, Dx]`` used by point-wise encoders."""
+"""Embeddings of input locations, used by the point-wise encoders (``embed: {name: ...}`` in an encoder's spec).
+
+Interface: ``embedding(x [B, N, Dx]) -> [B, N, out_dim]``; every embedding has an ``out_dim`` attribute.
+``identity`` (raw coordinates), ``fourier`` (sines and cosines at log-spaced wavelengths per dimension),
+``spherical_harmonics`` (latitude/longitude in degrees), ``temporal`` (a time column), ``composite`` (embeddings of
+chosen columns, concatenated).
+"""
 
 from __future__ import annotations
 
