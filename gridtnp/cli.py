@@ -12,6 +12,7 @@ gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-en
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 from gridtnp.checkpointing import Checkpoint, CheckpointError, SaveConfig, checkpoint_step, resume_checkpoint
+from gridtnp.files import check_output, is_url
 from gridtnp.registry import KINDS, ConfigError, available, describe, document
 
 __all__ = ["Checkpoint", "GridTNPCLI", "main"]
@@ -64,6 +66,12 @@ class GridTNPCLI(LightningCLI):
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.add_lightning_class_args(PlotCallback, "plots")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_argument(
+            "--allow_untrained",
+            type=bool,
+            default=False,
+            help="let test / predict run without --ckpt_path, on the model's initial (untrained) weights",
+        )
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/loglik",
@@ -111,9 +119,19 @@ class GridTNPCLI(LightningCLI):
         # LightningCLI reads an explicit --ckpt_path's hyperparameters while parsing: check the file first, so that
         # a truncated or corrupt one is an error naming it rather than a zip-reader traceback.
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path not in (None, "last"):
-            resume_checkpoint(ckpt_path, [], None)
+        config = self.config[subcommand] if subcommand else None
+        ckpt_path = config.get("ckpt_path") if config else None
+        if ckpt_path is None and subcommand in ("test", "predict") and not config.get("allow_untrained"):
+            raise ConfigError(
+                f"gridtnp {subcommand} needs --ckpt_path CHECKPOINT: without one it would score the model's "
+                "untrained initial weights (pass --allow_untrained true to do that on purpose)."
+            )
+        special = ckpt_path in (None, "last", "best", "hpc") or str(ckpt_path).startswith("registry")
+        if not special and not is_url(ckpt_path):
+            if not os.path.isfile(ckpt_path):
+                raise ConfigError(f"--ckpt_path {ckpt_path}: no such file.")
+            resume_checkpoint(ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
+            check_checkpoint_model(ckpt_path, config.get("model"))
         super()._parse_ckpt_path()
 
     def before_predict(self) -> None:
@@ -146,6 +164,49 @@ class GridTNPCLI(LightningCLI):
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(format_metrics(metrics, "test"))
         print(f"gridtnp: test metrics written to {path}")
+
+
+def check_checkpoint_model(ckpt_path: str | os.PathLike, model_config: Any) -> None:
+    """Refuse a checkpoint whose model differs from the recipe's (``ConfigError`` naming the differing parts).
+
+    ``model_config`` is the recipe's ``model`` entry (``class_path``, ``init_args``) as parsed. Only what defines
+    the network is compared (the five slots, sizes and grid, each fully expanded), not the learning rate or
+    schedule, so a recipe may change those for a resumed run.
+    """
+    from gridtnp.models.neural_process import MODEL_KEYS, expand_spec
+
+    init_args = getattr(model_config, "init_args", None)
+    if init_args is None:
+        return
+    hparams = torch.load(ckpt_path, map_location="cpu", weights_only=True).get("hyper_parameters") or {}
+    keys = (*MODEL_KEYS, "preset")
+    if not any(k in hparams for k in keys):
+        return  # not a NeuralProcessModule checkpoint: nothing to compare
+
+    def expanded(args: Any) -> dict[str, Any]:
+        spec = {k: args.get(k) for k in keys}
+        try:
+            return expand_spec(spec)
+        except (ConfigError, ValueError, TypeError) as err:
+            return {"(cannot be built)": str(err)}
+
+    recipe, checkpoint = expanded(init_args), expanded(hparams)
+    differing = [k for k in dict.fromkeys([*recipe, *checkpoint]) if recipe.get(k) != checkpoint.get(k)]
+    if differing:
+        parts = [
+            f"{k} (recipe: {_summary(recipe.get(k))}; checkpoint: {_summary(checkpoint.get(k))})" for k in differing
+        ]
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} holds a different model than the recipe: {'; '.join(parts)}. Use the recipe it "
+            "was trained with (fit saves it as config.yaml beside the checkpoints)."
+        )
+
+
+def _summary(value: Any) -> str:
+    """A component spec by its registry name, anything else as written: short enough for one line."""
+    if isinstance(value, dict) and "name" in value:
+        return str(value["name"])
+    return repr(value)
 
 
 def metrics_path(ckpt_path: str | os.PathLike | None, fallback_dir: str | os.PathLike, split: str) -> Path:
@@ -227,6 +288,7 @@ def plot_main(args: list[str]) -> None:
     parser.add_argument("--config", required=True, action="append", help="the recipe the checkpoint was trained with")
     parser.add_argument("--ckpt_path", required=True, type=Path, help="checkpoint (.ckpt) to load the weights from")
     parser.add_argument("--out", required=True, type=Path, help="directory for the PNG files")
+    parser.add_argument("--overwrite", action="store_true", help="replace the PNG files of an existing plot folder")
     parser.add_argument("--split", choices=["val", "test"], default="test", help="which fixed task set to draw from")
     parser.add_argument("--num_tasks", type=int, default=4, help="tasks to draw (default 4)")
     parser.add_argument(
@@ -240,6 +302,8 @@ def plot_main(args: list[str]) -> None:
         parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
     if not opts.ckpt_path.is_file():
         parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
+    resume_checkpoint(opts.ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
+    check_output(opts.out, "plot folder", "--overwrite", opts.overwrite, is_plot_folder)
     from gridtnp.plots import (  # matplotlib only loads for this subcommand and the callback
         evaluation_figures,
         is_geographic,
@@ -250,6 +314,7 @@ def plot_main(args: list[str]) -> None:
 
     config_args = [a for c in opts.config for a in ("--config", c)]
     cli = GridTNPCLI(run=False, args=[*config_args, *rest, "--trainer.logger", "false"])
+    check_checkpoint_model(opts.ckpt_path, cli.config.get("model"))
     module, datamodule = cli.model, cli.datamodule
     checkpoint = torch.load(opts.ckpt_path, map_location="cpu", weights_only=False)
     module.load_state_dict(checkpoint["state_dict"])
@@ -283,13 +348,48 @@ def plot_main(args: list[str]) -> None:
     print(f"gridtnp plot: {len(written)} files in {opts.out}: " + ", ".join(p.name for p in written))
 
 
+def is_plot_folder(path: Path) -> bool:
+    """A folder holding nothing but PNG files (what ``gridtnp plot`` writes)."""
+    return path.is_dir() and all(p.suffix == ".png" and p.is_file() for p in path.iterdir())
+
+
+SUBCOMMANDS = {
+    "fit": "train a model from a recipe (resumes from checkpoints in --checkpoint.dirpath)",
+    "validate": "evaluate a checkpoint on the validation set",
+    "test": "evaluate a checkpoint on the test set: metric table and <checkpoint>.test_metrics.json",
+    "predict": "write a checkpoint's predictions as NetCDF or Zarr (--predictions.path)",
+    "list": "the registry: gridtnp list [KIND [NAME]] [--params]",
+    "plot": "PNG plots of a checkpoint's predictions: gridtnp plot --config R --ckpt_path C --out DIR",
+    "data": "gridtnp data prepare: NetCDF / GRIB -> a Zarr store for the ERA5 DataModules",
+}
+
+
+def usage() -> str:
+    """``gridtnp --help``: every subcommand with one line each."""
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: gridtnp SUBCOMMAND [options]   (gridtnp SUBCOMMAND --help for its options)", "", "subcommands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in SUBCOMMANDS.items()]
+    lines += ["", "  --version  print the version and exit"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gridtnp`` console script."""
-    import gridtnp  # noqa: F401  (registers every component)
+    import gridtnp
 
     args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return
+    if args[0] == "--version":
+        print(f"gridtnp {gridtnp.__version__}")
+        return
     try:
-        if args and args[0] == "list":
+        if args[0] not in SUBCOMMANDS and not args[0].startswith("-"):
+            close = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown subcommand {args[0]!r}.{hint} Subcommands: {', '.join(SUBCOMMANDS)}.")
+        if args[0] == "list":
             list_components(args[1:])
         elif args and args[0] == "plot":
             plot_main(args[1:])

@@ -9,6 +9,11 @@
 
 With ``previous``, the version of ``path`` being replaced is kept there instead of deleted. ``is_url(path)``: whether
 a path is remote (``gs://...``), which none of these write to.
+
+``check_output(path, what, option, overwrite, same_kind)``: outputs never replace what they did not write. An
+existing ``path`` is refused unless the user passed the overwrite ``option``, and even then unless it is the same
+kind of thing (``same_kind(path)``): a prediction file never replaces a data store, a plot folder never a folder of
+other files.
 """
 
 from __future__ import annotations
@@ -21,10 +26,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from gridtnp.registry import ConfigError
+
 
 def is_url(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a remote URL (``gs://``, ``s3://``, ``https://``, ...) rather than a local path."""
     return "://" in str(path)
+
+
+def check_output(
+    path: str | os.PathLike, what: str, option: str, overwrite: bool, same_kind: Callable[[Path], bool]
+) -> None:
+    """Raise a ``ConfigError`` naming ``path`` if writing ``what`` there would replace something it should not."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not overwrite:
+        raise ConfigError(f"{path} already exists; pass {option} to replace it with the {what}.")
+    if not same_kind(path):
+        raise ConfigError(
+            f"{path} exists and is not a {what} written by gridtnp; refusing to replace it even with {option}. "
+            "Choose another path."
+        )
 
 
 def replace_path(tmp: str | os.PathLike, out: str | os.PathLike, previous: str | os.PathLike | None = None) -> None:

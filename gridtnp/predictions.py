@@ -9,6 +9,8 @@ In a notebook, ``predict(module, context, targets)`` does the same for xarray in
 
 * ``PredictionWriter(path)``: the callback behind ``gridtnp predict``.
 * ``write_dataset(ds, path)``: NetCDF or Zarr by suffix, written beside ``path`` and then moved into place.
+* ``is_prediction_file(path)``: whether ``path`` holds gridtnp predictions (``gridtnp predict`` replaces nothing
+  else, and only with ``--predictions.overwrite true``).
 * ``raw_predictions(outputs)``: ``mean, std [task, point, Dy]`` and ``x [task, point, Dx]`` when the DataModule
   has no ``predictions_to_xarray``.
 """
@@ -26,7 +28,7 @@ import xarray as xr
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
-from gridtnp.files import replacing
+from gridtnp.files import check_output, replacing
 from gridtnp.registry import ConfigError
 
 Stats = tuple[float, float]
@@ -38,15 +40,29 @@ class PredictionWriter(BasePredictionWriter):
     Args:
         path: output file; default ``<log dir>/predictions.nc``. Under DDP each rank writes its own part,
             ``<stem>.rank<r><suffix>``.
+        overwrite: replace an existing file at ``path``, if it holds gridtnp predictions (never anything else,
+            such as the data store being read).
     """
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, overwrite: bool = False) -> None:
         super().__init__(write_interval="epoch")
         if path is not None and Path(path).suffix not in (".nc", ".zarr"):
             raise ConfigError(f"predictions.path {path!r}: expected a .nc (NetCDF) or .zarr file name.")
-        self.path = path
+        self.path, self.overwrite = path, overwrite
         self.recipe: list[str] = []  # set by the CLI: the recipe file(s) used
         self.written: Path | None = None
+
+    def output_path(self, trainer: Any) -> Path:
+        """Where this rank writes: ``path`` (or the default in the log directory), per rank under DDP."""
+        path = Path(self.path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.nc")
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        return path
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        """Refuse an existing output before any prediction is made (``check_output``)."""
+        option = "--predictions.overwrite true"
+        check_output(self.output_path(trainer), "prediction file", option, self.overwrite, is_prediction_file)
 
     def write_on_epoch_end(self, trainer: Any, pl_module: Any, predictions: Sequence[Any], batch_indices: Any) -> None:
         outputs = _flatten(predictions)
@@ -61,9 +77,7 @@ class PredictionWriter(BasePredictionWriter):
             if os.path.isfile(recipe):
                 ds.attrs[f"recipe_text_{i}" if i else "recipe_text"] = Path(recipe).read_text()
         ds.attrs["model"] = type(getattr(pl_module, "model", pl_module)).__name__
-        path = Path(self.path or Path(trainer.log_dir or trainer.default_root_dir) / "predictions.nc")
-        if trainer.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        path = self.output_path(trainer)
         write_dataset(ds, path)
         self.written = path
         print(f"gridtnp: predictions written to {path}")
@@ -74,6 +88,16 @@ def _flatten(predictions: Sequence[Any]) -> list[Any]:
     if predictions and isinstance(predictions[0], list):
         return [p for group in predictions for p in group]
     return list(predictions)
+
+
+def is_prediction_file(path: Path) -> bool:
+    """Whether ``path`` is a NetCDF file or Zarr store of gridtnp predictions (its ``source`` attribute says so)."""
+    try:
+        ds = xr.open_zarr(path) if path.suffix == ".zarr" else xr.open_dataset(path)
+    except Exception:  # not a dataset at all (or not readable): not ours to replace
+        return False
+    with ds:
+        return str(ds.attrs.get("source", "")).startswith(("gridtnp predictions", "gridtnp.predictions"))
 
 
 def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:

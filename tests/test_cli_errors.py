@@ -1,0 +1,233 @@
+"""Bad inputs through the CLI: one ``gridtnp: error:`` line naming the file or argument, exit status 2, and nothing
+on disk changed. Each row of ``CASES`` is one mistake a user or an operator makes."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import xarray as xr
+
+from gridtnp.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CNP = str(ROOT / "recipes" / "gp1d_cnp.yaml")
+TNP = str(ROOT / "recipes" / "gp1d_tnp.yaml")
+QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+SMALL_DATA = ["--data.init_args.test_batches", "1", "--data.init_args.batch_size", "2"]
+
+
+@pytest.fixture(scope="module")
+def cnp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-step CNP checkpoint of ``recipes/gp1d_cnp.yaml``."""
+    root = tmp_path_factory.mktemp("cnp")
+    main(
+        ["fit", "--config", CNP, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", *QUIET,
+         "--trainer.default_root_dir", str(root), "--checkpoint.dirpath", str(root / "ckpt"),
+         "--plots.every_n_validations", "0"]
+    )  # fmt: skip
+    return root / "ckpt" / "last.ckpt"
+
+
+def tree_digest(path: Path) -> str:
+    """A digest of every file's relative path and bytes under ``path`` (or of the file itself)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for p in files:
+        digest.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
+        digest.update(p.read_bytes())
+    return digest.hexdigest()
+
+
+def prepared_store(path: Path) -> Path:
+    """A small Zarr store with a prepared store's attributes: what ``gridtnp predict`` must never replace."""
+    ds = xr.Dataset({"t2m": (("time", "latitude", "longitude"), [[[280.0, 281.0]]])})
+    ds.attrs["gridtnp_stats"] = "{}"
+    ds.to_zarr(path, mode="w", zarr_format=2, consolidated=True)
+    return path
+
+
+def text_file(path: Path) -> Path:
+    path.write_text("my notes\n")
+    return path
+
+
+def folder_with_notes(path: Path) -> Path:
+    path.mkdir()
+    (path / "notes.txt").write_text("mine\n")
+    return path
+
+
+def truncated_copy(path: Path, of: Path) -> Path:
+    path.write_bytes(of.read_bytes()[:2000])
+    return path
+
+
+# (id, arguments given the fixture paths, what the one error line says, the path that must not change)
+Case = tuple[str, Callable[[Path, Path], list[str]], str, Callable[[Path, Path], Path | None]]
+CASES: list[Case] = [
+    (
+        "unknown subcommand",
+        lambda ck, tmp: ["fitt"],
+        "unknown subcommand 'fitt'. Did you mean 'fit'?",
+        lambda ck, t: None,
+    ),
+    (
+        "test without a checkpoint",
+        lambda ck, tmp: ["test", "--config", CNP, *QUIET, "--trainer.default_root_dir", str(tmp / "run")],
+        "gridtnp test needs --ckpt_path",
+        lambda ck, tmp: tmp / "run",
+    ),
+    (
+        "predict without a checkpoint",
+        lambda ck, tmp: ["predict", "--config", CNP, *QUIET, "--trainer.default_root_dir", str(tmp / "run")],
+        "gridtnp predict needs --ckpt_path",
+        lambda ck, tmp: tmp / "run",
+    ),
+    (
+        "missing checkpoint file",
+        lambda ck, tmp: ["test", "--config", CNP, "--ckpt_path", str(tmp / "nope.ckpt"), *QUIET],
+        "nope.ckpt: no such file",
+        lambda ck, tmp: None,
+    ),
+    (
+        "truncated checkpoint",
+        lambda ck, tmp: ["test", "--config", CNP, "--ckpt_path", str(truncated_copy(tmp / "cut.ckpt", ck)), *QUIET],
+        "cut.ckpt is truncated",
+        lambda ck, tmp: tmp / "cut.ckpt",
+    ),
+    (
+        "checkpoint of another model",
+        lambda ck, tmp: ["test", "--config", TNP, "--ckpt_path", str(ck), *QUIET],
+        "holds a different model than the recipe: ",
+        lambda ck, tmp: ck,
+    ),
+    (
+        "predictions onto a data store",
+        lambda ck, tmp: [
+            "predict",
+            "--config",
+            CNP,
+            "--ckpt_path",
+            str(ck),
+            *QUIET,
+            *SMALL_DATA,
+            "--predictions.path",
+            str(prepared_store(tmp / "era5.zarr")),
+            "--predictions.overwrite",
+            "true",
+        ],
+        "era5.zarr exists and is not a prediction file written by gridtnp; refusing to replace it",
+        lambda ck, tmp: tmp / "era5.zarr",
+    ),
+    (
+        "predictions onto an existing file",
+        lambda ck, tmp: [
+            "predict",
+            "--config",
+            CNP,
+            "--ckpt_path",
+            str(ck),
+            *QUIET,
+            *SMALL_DATA,
+            "--predictions.path",
+            str(text_file(tmp / "notes.nc")),
+        ],
+        "notes.nc already exists; pass --predictions.overwrite true",
+        lambda ck, tmp: tmp / "notes.nc",
+    ),
+    (
+        "plots into a folder of other files",
+        lambda ck, tmp: [
+            "plot",
+            "--config",
+            CNP,
+            "--ckpt_path",
+            str(ck),
+            "--overwrite",
+            *SMALL_DATA,
+            "--out",
+            str(folder_with_notes(tmp / "mine")),
+        ],
+        "mine exists and is not a plot folder written by gridtnp",
+        lambda ck, tmp: tmp / "mine",
+    ),
+    (
+        "plots into an existing folder",
+        lambda ck, tmp: ["plot", "--config", CNP, "--ckpt_path", str(ck), "--out", str(folder_with_notes(tmp / "o"))],
+        "already exists; pass --overwrite",
+        lambda ck, tmp: tmp / "o",
+    ),
+    (
+        "plot with a truncated checkpoint",
+        lambda ck, tmp: [
+            "plot",
+            "--config",
+            CNP,
+            "--ckpt_path",
+            str(truncated_copy(tmp / "cut.ckpt", ck)),
+            "--out",
+            str(tmp / "plots"),
+        ],
+        "cut.ckpt is truncated",
+        lambda ck, tmp: tmp / "cut.ckpt",
+    ),
+    (
+        "plot with a checkpoint of another model",
+        lambda ck, tmp: ["plot", "--config", TNP, "--ckpt_path", str(ck), "--out", str(tmp / "plots"), *SMALL_DATA],
+        "holds a different model than the recipe: ",
+        lambda ck, tmp: ck,
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message", "unchanged"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_mistake_is_one_error_line_and_changes_nothing(args, message, unchanged, cnp_checkpoint, tmp_path, capsys):
+    argv = args(cnp_checkpoint, tmp_path)
+    guarded = unchanged(cnp_checkpoint, tmp_path)
+    before = tree_digest(guarded) if guarded is not None and guarded.exists() else None
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gridtnp: error:")]
+    assert len(lines) == 1 and message in lines[0], lines
+    if guarded is not None:
+        if before is None:
+            assert not guarded.exists(), f"{guarded} was created"
+        else:
+            assert tree_digest(guarded) == before, f"{guarded} changed"
+    assert not (tmp_path / "plots").exists()
+
+
+def test_the_mismatch_names_the_differing_components(cnp_checkpoint, capsys):
+    with pytest.raises(SystemExit):
+        main(["test", "--config", TNP, "--ckpt_path", str(cnp_checkpoint), *QUIET])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "processor (recipe: transformer; checkpoint: mean)" in line
+    assert "grid_decoder (recipe: cross_attention; checkpoint: concat)" in line
+
+
+def test_predictions_replace_only_predictions(cnp_checkpoint, tmp_path):
+    out = tmp_path / "pred.nc"
+    args = ["predict", "--config", CNP, "--ckpt_path", str(cnp_checkpoint), *QUIET, *SMALL_DATA,
+            "--predictions.path", str(out), "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    main(args)
+    stamp = out.stat().st_mtime_ns
+    main([*args, "--predictions.overwrite", "true"])  # its own earlier output: replaced
+    assert out.stat().st_mtime_ns != stamp
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["source"] == "gridtnp predictions" and "mean" in ds
+
+
+def test_untrained_on_purpose_and_the_top_level_help(tmp_path, capsys):
+    main(["test", "--config", CNP, *QUIET, *SMALL_DATA, "--allow_untrained", "true",
+          "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
+    assert "test/loglik" in capsys.readouterr().out
+    main(["--help"])
+    out = capsys.readouterr().out
+    for sub in ("fit", "validate", "test", "predict", "list", "plot", "data"):
+        assert f"\n  {sub} " in out
+    main(["--version"])
+    assert capsys.readouterr().out.startswith("gridtnp 0.1.0")
