@@ -55,10 +55,10 @@ class Observations:
         return self.x.shape[1]
 
     def valid(self) -> Tensor:
-        """``[B, N]`` mask with points whose ``y`` has a NaN (missing values) removed."""
+        """``[B, N]`` mask with points whose ``y`` is NaN or +-inf (missing values) removed."""
         if self.y is None:
             return self.mask
-        return self.mask & ~torch.isnan(self.y).any(-1)
+        return self.mask & torch.isfinite(self.y).all(-1)
 
     def to(self, device: torch.device | str) -> Observations:
         """The same observations on ``device``."""
@@ -92,6 +92,14 @@ class Batch:
                 raise BatchError(
                     f"context[{name!r}].x has Dx={obs.x.shape[-1]} but target.x has Dx={self.target.x.shape[-1]}."
                 )
+        # Checked where batches are made (on the CPU), not again on every device transfer: that would sync the GPU.
+        x = self.target.x
+        if x.device.type == "cpu" and not torch.isfinite(x[self.target.mask]).all():
+            bad = (~torch.isfinite(x) & self.target.mask.unsqueeze(-1)).any(-1).nonzero()[0].tolist()
+            raise BatchError(
+                f"target.x has a NaN or infinite location (task {bad[0]}, point {bad[1]}): a prediction needs a "
+                "location. Drop the point, or mask it out (target mask False)."
+            )
 
     @property
     def batch_size(self) -> int:

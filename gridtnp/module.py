@@ -175,6 +175,8 @@ class NeuralProcessModule(L.LightningModule):
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         """Predictive ``mean``, ``std`` ``[B, Nt, Dy]`` with the targets' ``x``, ``y``, ``mask`` and the batch's
         extras (e.g. ``hour``), on the CPU, for ``gridtnp.predictions.PredictionWriter``."""
+        if batch_idx == 0:
+            self.model.warn_outside_grid(batch.context, batch.target)
         dist = self(batch)
         target = batch.target
         out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}

@@ -32,6 +32,9 @@ from gridtnp.files import check_output, replacing
 from gridtnp.registry import ConfigError
 
 Stats = tuple[float, float]
+#: Context values whose mean or standard deviation exceed this are taken for physical units (normalised values are
+#: O(1)); ``predict`` then needs their statistics.
+RAW_UNITS = 10.0
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -156,19 +159,43 @@ def _points(template: xr.DataArray, coords: Sequence[str], what: str) -> np.ndar
             "pass coords=... naming the model's inputs in order."
         )
     grids = [template[c].broadcast_like(template).transpose(*template.dims).values.reshape(-1) for c in coords]
-    return np.stack(grids, -1).astype(np.float32)
+    return geographic_inputs(np.stack(grids, -1).astype(np.float64), coords, what).astype(np.float32)
+
+
+def geographic_inputs(x: np.ndarray, coords: Sequence[str], what: str) -> np.ndarray:
+    """Check and normalise the geographic columns of ``x [N, Dx]`` (named by ``coords``): latitudes must lie in
+    [-90, 90] (else a ``ConfigError``), longitudes are wrapped into [-180, 180) as the models were trained with."""
+    x = x.copy()
+    for d, name in enumerate(coords):
+        column = x[:, d]
+        if name in ("latitude", "lat") and column.size and not np.all(np.abs(column[np.isfinite(column)]) <= 90):
+            bad = column[np.isfinite(column) & (np.abs(column) > 90)]
+            raise ConfigError(
+                f"predict: {what} has latitudes outside [-90, 90] (e.g. {bad[0]:g}); latitudes are in degrees north."
+            )
+        if name in ("longitude", "lon"):
+            x[:, d] = (column + 180.0) % 360.0 - 180.0  # 0..360 -> -180..180; NaN stays NaN
+    return x
 
 
 def _observations(
-    array: xr.DataArray, coords: Sequence[str], batch_dim: str | None, stats: Stats | None
+    name: str, array: xr.DataArray, coords: Sequence[str], batch_dim: str | None, stats: Stats | None
 ) -> Observations:
     """One context source ``[B, N, 1]``: ``B`` entries along ``batch_dim`` (or 1), every other element a point."""
     values = array.expand_dims("_task") if batch_dim is None else array.rename({batch_dim: "_task"})
     values = values.transpose("_task", ...)
-    x = _points(values.isel(_task=0, drop=True), coords, f"context {array.name!r}")
+    x = _points(values.isel(_task=0, drop=True), coords, f"context {name!r}")
     y = values.values.reshape(values.sizes["_task"], -1).astype(np.float64)
+    y[~np.isfinite(y)] = np.nan  # +-inf is missing, like NaN
     if stats is not None:
         y = (y - stats[0]) / stats[1]
+    elif np.isfinite(y).any() and (abs(np.nanmean(y)) > RAW_UNITS or np.nanstd(y) > RAW_UNITS):
+        raise ConfigError(
+            f"predict: context {name!r} has values of mean {np.nanmean(y):.4g} and std {np.nanstd(y):.4g}, "
+            "physical units rather than the normalised values the model was trained on; pass "
+            f"stats={{{name!r}: (mean, std)}} (the training statistics, e.g. from "
+            "gridtnp.data.store.normalisation_stats) or normalise the values yourself."
+        )
     xs = torch.from_numpy(x).expand(y.shape[0], -1, -1)
     return Observations(xs, torch.from_numpy(y.astype(np.float32)).unsqueeze(-1))
 
@@ -193,9 +220,15 @@ def predict(
     model was trained with, e.g. ``gridtnp.data.store.normalisation_stats``). ``batch_dim`` (e.g. ``"time"``),
     present on every context array, gives one task per entry. ``module`` is a ``NeuralProcessModule`` or a
     ``NeuralProcess``.
+
+    Inputs are checked where they enter: latitudes outside [-90, 90] are refused, longitudes are wrapped into
+    [-180, 180) (a 0-360 field is read correctly), +-inf values are missing like NaN, and context values in
+    physical units without ``stats`` are refused (mean or std above ``RAW_UNITS``).
     """
     model = getattr(module, "model", module)
-    obs = {name: _observations(array, coords, batch_dim, (stats or {}).get(name)) for name, array in context.items()}
+    obs = {
+        name: _observations(name, array, coords, batch_dim, (stats or {}).get(name)) for name, array in context.items()
+    }
     sizes = {o.x.shape[0] for o in obs.values()}
     if len(sizes) != 1:
         raise ConfigError(f"predict: the context sources have different numbers of tasks along {batch_dim!r}: {sizes}.")
@@ -204,6 +237,7 @@ def predict(
     xt = torch.from_numpy(_points(template, coords, "targets")).expand(b, -1, -1)
     device = next(model.parameters()).device
     batch = Batch(obs, Observations(xt)).to(device)
+    model.warn_outside_grid(batch.context, batch.target)
     was_training = model.training
     model.eval()
     try:

@@ -13,6 +13,7 @@ from gridtnp import NeuralProcessModule
 from gridtnp.batch import Observations
 from gridtnp.cli import GridTNPCLI
 from gridtnp.predictions import predict, raw_predictions
+from gridtnp.registry import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "recipes" / "era5_swin.yaml")
@@ -123,7 +124,9 @@ def test_python_api_round_trips_xarray_coordinates_and_matches_the_model() -> No
     np.testing.assert_allclose(out["std"].values.reshape(2, -1), dist.stddev[..., 0].numpy() * 2.0, rtol=1e-5)
 
     # Station targets: the output keeps the station dimension and its coordinates.
-    at_stations = predict(module, {"grid": grid.isel(time=0), "stations": stations.isel(time=0)}, stations.isel(time=0))
+    at_stations = predict(
+        module, {"grid": grid.isel(time=0), "stations": stations.isel(time=0)}, stations.isel(time=0), stats=stats
+    )
     assert at_stations["mean"].dims == ("station",) and list(at_stations.station_id.values) == list("abcde")
 
 
@@ -136,3 +139,35 @@ def test_raw_predictions_pad_to_the_widest_batch() -> None:
     ds = raw_predictions(outputs)
     assert ds["mean"].shape == (4, 5, 1) and np.isnan(ds["mean"].values[:2, 3:]).all()
     assert np.isfinite(ds["mean"].values[2:]).all()
+
+
+def test_python_api_checks_its_inputs() -> None:
+    """Latitudes beyond the poles are refused, 0-360 longitudes are wrapped, physical units need stats, inf is NaN."""
+    torch.manual_seed(0)
+    module = small_station_model()
+    rng = np.random.default_rng(1)
+    lat, lon = np.arange(50.0, 52.1, 1.0), np.arange(-2.0, 1.1, 1.0)
+    grid = xr.DataArray(
+        rng.standard_normal((3, 4)), dims=("latitude", "longitude"), coords={"latitude": lat, "longitude": lon}
+    )
+    stations = xr.DataArray(
+        rng.standard_normal(5), dims=("station",),
+        coords={"latitude": ("station", rng.uniform(50, 52, 5)), "longitude": ("station", rng.uniform(-2, 1, 5))},
+    )  # fmt: skip
+    targets = xr.Dataset(coords={"latitude": np.linspace(50, 52, 3), "longitude": np.linspace(-2, 1, 4)})
+    out = predict(module, {"grid": grid, "stations": stations}, targets)
+    east = targets.assign_coords(longitude=targets.longitude % 360)  # the same points, longitudes in 0-360
+    shifted = grid.assign_coords(longitude=grid.longitude % 360)
+    out_360 = predict(module, {"grid": shifted, "stations": stations}, east)
+    np.testing.assert_allclose(out_360["mean"].values, out["mean"].values, rtol=1e-6)
+    with pytest.raises(ConfigError, match=r"latitudes outside \[-90, 90\] \(e.g. 100"):
+        predict(module, {"grid": grid, "stations": stations}, targets.assign_coords(latitude=[50.0, 51.0, 100.0]))
+    with pytest.raises(ConfigError, match=r"physical units.*pass stats=\{'grid'"):
+        predict(module, {"grid": grid + 280.0, "stations": stations}, targets)
+    inf = grid.copy()
+    inf[0, 0], nan = np.inf, grid.copy()
+    nan[0, 0] = np.nan
+    np.testing.assert_array_equal(
+        predict(module, {"grid": inf, "stations": stations}, targets)["mean"].values,
+        predict(module, {"grid": nan, "stations": stations}, targets)["mean"].values,
+    )

@@ -17,6 +17,7 @@ states) unless the spec sets them.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import torch
@@ -62,17 +63,47 @@ class NeuralProcess(nn.Module):
         self._check_inputs(context, xt)
         tokens = {}
         for name, obs in context.items():
-            # Points with a NaN in x or y are missing observations: masked out, and zeroed so that
+            # Points with a NaN or inf in x or y are missing observations: masked out, and zeroed so that
             # no NaN reaches a matmul (0 * NaN would still be NaN).
-            valid = obs.mask & ~torch.isnan(obs.x).any(-1) & ~torch.isnan(obs.y).any(-1)
+            valid = obs.mask & torch.isfinite(obs.x).all(-1) & torch.isfinite(obs.y).all(-1)
             x = torch.where(valid.unsqueeze(-1), obs.x, 0.0)
             y = torch.where(valid.unsqueeze(-1), obs.y, 0.0)
             tokens[name] = Tokens(x, self.encoders[name](x, y), valid)
-        xt = torch.nan_to_num(xt)
+        # Padded target slots may hold anything; real targets with a non-finite location are refused where batches
+        # are made (gridtnp.batch.Batch), without a device sync here.
+        xt = torch.nan_to_num(xt, nan=0.0, posinf=0.0, neginf=0.0)
         latent = self.grid_encoder(tokens)
         states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
         return self.likelihood(self.grid_decoder(states, zt, xt))
+
+    def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:
+        """Warn when targets or context lie beyond a gridded model's grid by more than half a cell: the model clamps
+        such context into its edge cells and extrapolates to such targets. It syncs the device, so the prediction
+        paths call it (``gridtnp predict``, ``gridtnp.predictions.predict``), not the training loop."""
+        grid = self.grid
+        if grid is None:
+            return
+        x0 = target.x
+        lower, upper = x0.new_tensor(grid.lower), x0.new_tensor(grid.upper)
+        margin, rolled = 0.5 * x0.new_tensor(grid.spacing), torch.tensor(grid.roll, device=x0.device)
+        sets = [("targets", target), *((f"context {name!r}", obs) for name, obs in context.items())]
+        for what, obs in sets:
+            if obs.x.numel() == 0:
+                continue
+            inside = obs.mask.unsqueeze(-1) & torch.isfinite(obs.x)
+            beyond = torch.maximum(
+                torch.where(inside, lower - obs.x, 0.0).amax(dim=(0, 1)),
+                torch.where(inside, obs.x - upper, 0.0).amax(dim=(0, 1)),
+            )
+            beyond = torch.where(rolled, 0.0, beyond)  # a rolled dimension (longitude) wraps: never outside
+            if bool((beyond > margin).any()):
+                d = int(beyond.argmax())
+                warnings.warn(
+                    f"{what} lie outside the model's grid along input dimension {d} by up to {float(beyond[d]):.4g} "
+                    f"(grid [{grid.lower[d]}, {grid.upper[d]}]): the model extrapolates there.",
+                    stacklevel=2,
+                )
 
     def _check_inputs(self, context: dict[str, Observations], xt: Tensor) -> None:
         unknown = set(context) - set(self.encoders)
