@@ -229,7 +229,7 @@ class Checkpoint(ModelCheckpoint):
         if self.save_last and self.dirpath and not trainer.sanity_checking:
             path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
             self.last_model_path = path  # so Lightning's own "last" save overwrites it instead of adding last-v1
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # the full state, to resume from
             self._last_written_step = trainer.global_step
 
     def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:

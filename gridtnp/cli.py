@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import logging
 import os
 import sys
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,7 @@ class GridTNPCLI(LightningCLI):
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.add_lightning_class_args(PlotCallback, "plots")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
+        parser.add_lightning_class_args(ProgressLog, "progress")
         parser.add_argument(
             "--allow_untrained",
             type=bool,
@@ -142,6 +146,10 @@ class GridTNPCLI(LightningCLI):
         for callback in self.trainer.callbacks:
             if isinstance(callback, PredictionWriter):
                 callback.recipe = configs
+
+    def test(self, **kwargs: Any) -> Any:
+        """``trainer.test`` without Lightning's own results table: ``after_test`` prints gridtnp's."""
+        return self.trainer.test(**{**kwargs, "verbose": False})
 
     def after_test(self) -> None:
         """Print the test metrics as a table and write them to JSON next to the checkpoint (rank 0)."""
@@ -235,12 +243,64 @@ def format_metrics(metrics: dict[str, float], split: str) -> str:
 
 
 def trainer_defaults() -> dict[str, Any]:
-    """Gradient clipping 0.5, bf16-mixed on CUDA and 32-bit elsewhere, runs under ``runs/``."""
+    """Gradient clipping 0.5, bf16-mixed on CUDA and 32-bit elsewhere, runs under ``runs/``; the progress bar only
+    on a terminal (a log file gets ``ProgressLog``'s plain lines instead of every bar refresh)."""
     return {
         "gradient_clip_val": 0.5,
         "precision": "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true",
         "default_root_dir": "runs",
+        "enable_progress_bar": sys.stdout.isatty(),
     }
+
+
+class ProgressLog(L.Callback):
+    """Without a progress bar (stdout not a terminal), one plain line every ``every_n_steps`` training steps.
+
+    Args:
+        every_n_steps: steps between lines; 0 turns them off.
+    """
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        self.every_n_steps = every_n_steps
+        self.start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.monotonic()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        step = trainer.global_step
+        if trainer.progress_bar_callback is not None or not self.every_n_steps or step % self.every_n_steps:
+            return
+        if trainer.is_global_zero:
+            loss = trainer.callback_metrics.get("train/loss")
+            total = f"/{trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else ""
+            rate = step / max(time.monotonic() - self.start, 1e-9)
+            text = f"gridtnp: step {step}{total}" + (f", train/loss {float(loss):.4f}" if loss is not None else "")
+            print(f"{text}, {rate:.2f} steps/s", flush=True)
+
+
+def quiet_third_party(subcommand: str | None) -> None:
+    """Filter messages that say nothing a gridtnp user can act on (``--verbose`` keeps them)."""
+    # Lightning's own use of a deprecated torch API, fixed upstream in a later release.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # NeuralProcessModule moves its Batch itself (Batch.to) on purpose, whatever the DataModule.
+    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device`")
+    # The training stream knows its per-rank length by design (data/datamodules.py: TrainTaskStream).
+    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
+    # gridtnp writes config.yaml into the checkpoint directory first, and resumes from checkpoints found there
+    # (saying so): Lightning's "exists and is not empty" would appear on every run and tell nothing.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    if subcommand in ("test", "validate", "predict"):
+        # They restore a checkpoint's callback state they never use: where fit wrote its checkpoints does not matter.
+        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+    # An advertisement for a hosted logger, printed on every run.
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_tips not in logger.filters:
+        logger.addFilter(_drop_tips)
+
+
+def _drop_tips(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith("💡 Tip:")
 
 
 def run_lightning(args: list[str] | None = None) -> None:
@@ -369,7 +429,7 @@ def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     lines = ["usage: gridtnp SUBCOMMAND [options]   (gridtnp SUBCOMMAND --help for its options)", "", "subcommands:"]
     lines += [f"  {name:<{width}}  {text}" for name, text in SUBCOMMANDS.items()]
-    lines += ["", "  --version  print the version and exit"]
+    lines += ["", "  --version  print the version and exit", "  --verbose  keep third-party warnings gridtnp filters"]
     return "\n".join(lines)
 
 
@@ -378,6 +438,10 @@ def main(argv: list[str] | None = None) -> None:
     import gridtnp
 
     args = sys.argv[1:] if argv is None else list(argv)
+    if "--verbose" in args:
+        args.remove("--verbose")
+    else:
+        quiet_third_party(args[0] if args else None)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
         return
@@ -398,6 +462,8 @@ def main(argv: list[str] | None = None) -> None:
 
             data_main(args[1:])
         else:
+            if argv is None:  # LightningCLI reads sys.argv itself (and warns if given both)
+                sys.argv = [sys.argv[0], *args]
             run_lightning(None if argv is None else args)
     except Exception as err:
         # jsonargparse re-raises errors from a model's __init__ wrapped in its own ValueError:

@@ -134,6 +134,8 @@ class NeuralProcessModule(L.LightningModule):
         _, loglik, _ = self._loglik(batch)
         loss = -loglik.mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
+        if self._trainer is not None and self.trainer.optimizers:
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch.batch_size)
         return loss
 
     def _evaluate(self, batch: Batch, stage: str) -> None:

@@ -1,0 +1,36 @@
+"""Quiet, continuous logs: a short fit prints no Python warning and, without a terminal, plain progress lines;
+``gridtnp test`` prints one metric table."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = str(ROOT / "recipes" / "gp1d_tnp.yaml")
+WARNING_LINE = re.compile(r"\.py:\d+: |Warning:|warn", re.IGNORECASE)
+
+
+def gridtnp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "gridtnp.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_a_short_fit_and_test_print_no_warning_and_one_table(tmp_path):
+    common = ["--config", RECIPE, "--data.init_args.val_batches", "1", "--data.init_args.test_batches", "1",
+              "--model.init_args.dim", "16"]  # fmt: skip
+    fit = gridtnp("fit", *common, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
+                  "--progress.every_n_steps", "3", "--checkpoint.dirpath", "ckpt", cwd=tmp_path)  # fmt: skip
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    warnings = [line for line in (fit.stdout + fit.stderr).splitlines() if WARNING_LINE.search(line)]
+    assert not warnings, warnings
+    assert "gridtnp: step 3/6, train/loss" in fit.stdout and "gridtnp: step 6/6" in fit.stdout
+    assert "\r" not in fit.stdout  # no progress-bar refreshes in a log file
+
+    test = gridtnp("test", *common, "--ckpt_path", "ckpt/last.ckpt", cwd=tmp_path)
+    assert test.returncode == 0, test.stderr[-2000:]
+    assert test.stdout.count("test/loglik") == 1, test.stdout  # gridtnp's table, not Lightning's as well
+    warnings = [line for line in (test.stdout + test.stderr).splitlines() if WARNING_LINE.search(line)]
+    assert not warnings, warnings
