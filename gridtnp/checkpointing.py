@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import threading
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -206,6 +208,12 @@ class Checkpoint(ModelCheckpoint):
     uses Lightning's default writer), so the replaced ``last.ckpt`` survives as ``last.previous.ckpt``. Every
     rank's RNG states are stored and restored when training resumes.
 
+    Signals, as a cluster expects: on SIGTERM (what SLURM, Kubernetes and ``timeout`` send first) or SIGINT the
+    current step finishes, ``last.ckpt`` is written and training stops; ``stop_signal`` then holds the signal and
+    the CLI exits with status 128 + signal. A second SIGINT interrupts at once. Outside SLURM (whose requeue handler
+    Lightning installs), SIGUSR1 writes ``last.ckpt`` after the current step and training goes on. Under DDP the
+    ranks agree on the step (a max-reduce of the flags after every step), so every rank saves the same one.
+
     Args:
         last_every_n_steps: also rewrite ``last.ckpt`` every this many optimiser steps (``None``: only at epoch
             ends, validations and the end of training).
@@ -219,6 +227,42 @@ class Checkpoint(ModelCheckpoint):
         self.last_every_n_steps = last_every_n_steps
         self._last_written_step = -1
         self._pending_rng: dict[str, Any] | None = None
+        self.stop_signal: int | None = None  # the signal that stopped training, once it has
+        self._received: dict[int, bool] = {}  # signal -> received, set by the handlers
+        self._previous_handlers: dict[int, Any] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Install the signal handlers (after Lightning's, which would end the run with status 0 and no save)."""
+        super().on_train_start(trainer, pl_module)
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals only reach the main thread
+        wanted = [signal.SIGTERM, signal.SIGINT]
+        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):  # not taken by Lightning's SLURM requeue
+            wanted.append(signal.SIGUSR1)
+        for signum in wanted:
+            self._previous_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self._received.get(signum):
+            signal.signal(signum, signal.default_int_handler)
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self._received[signum] = True
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
+
+    def _agreed_signals(self, trainer: L.Trainer) -> tuple[int | None, bool]:
+        """The stop signal received by any rank (or None) and whether any rank was asked for a save (SIGUSR1)."""
+        stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if self._received.get(s)), 0)
+        save = int(bool(self._received.pop(signal.SIGUSR1, False)))
+        if trainer.world_size > 1:
+            flags = torch.tensor([stop, save], device=trainer.strategy.root_device)
+            flags = trainer.strategy.reduce(flags, reduce_op="max")
+            stop, save = int(flags[0]), int(flags[1])
+        return (stop or None), bool(save)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -238,8 +282,12 @@ class Checkpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
         n, step = self.last_every_n_steps, trainer.global_step
-        if n and step > 0 and step % n == 0 and step != self._last_written_step:
+        stop, save = self._agreed_signals(trainer)
+        if (stop or save or (n and step > 0 and step % n == 0)) and step != self._last_written_step:
             self._write_last(trainer)
+        if stop:
+            self.stop_signal = stop
+            trainer.should_stop = True
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -255,6 +303,11 @@ class Checkpoint(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
         if trainer.global_step != self._last_written_step:
             self._write_last(trainer)
+        self._restore_handlers()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._restore_handlers()  # also when training ended by an exception
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint["gridtnp_rng"] = _all_gather_objects(trainer, rng_state())

@@ -16,6 +16,7 @@ import difflib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
@@ -118,6 +119,20 @@ class GridTNPCLI(LightningCLI):
             step = checkpoint_step(ckpt_path)
             print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
         config["ckpt_path"] = ckpt_path
+
+    def after_fit(self) -> None:
+        """A run stopped by SIGTERM / SIGINT exits with status 128 + signal, after saying where it stopped."""
+        stopped = [cb.stop_signal for cb in self.trainer.checkpoint_callbacks if getattr(cb, "stop_signal", None)]
+        if stopped:
+            signum = stopped[0]
+            if self.trainer.is_global_zero:
+                print(
+                    f"gridtnp: stopped by {signal.Signals(signum).name} after step {self.trainer.global_step}; "
+                    "last.ckpt written. Rerun the same command to resume.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise SystemExit(128 + signum)
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads an explicit --ckpt_path's hyperparameters while parsing: check the file first, so that

@@ -26,11 +26,15 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def fit_command(run_dir: Path, records: Path, *extra: str, pause_at_step: int | None = None) -> list[str]:
+def fit_command(
+    run_dir: Path, records: Path, *extra: str, pause_at_step: int | None = None, pause_seconds: float | None = None
+) -> list[str]:
     """``gridtnp fit`` of a small CNP on 1-D GP tasks, recording losses and tasks into ``records``."""
     callback = {"class_path": "tests.recording.Record", "init_args": {"out": str(records)}}
     if pause_at_step is not None:
         callback["init_args"]["pause_at_step"] = pause_at_step
+    if pause_seconds is not None:
+        callback["init_args"]["pause_seconds"] = pause_seconds
     return [
         sys.executable, "-m", "gridtnp.cli", "fit",
         "--config", str(ROOT / "recipes" / "gp1d_cnp.yaml"),
@@ -205,3 +209,64 @@ def test_slurm_sigusr1_saves_requeues_and_the_next_launch_resumes(tmp_path):
     assert f"resuming from {hpc} (global step 3)" in resumed.stdout
     steps = [r["step"] for r in read_records(records) if r["kind"] == "train"]
     assert steps == [1, 2, 3, *range(4, 13)]  # nothing redone, nothing skipped
+
+
+def signal_and_resume(tmp_path: Path, signum: int, *extra: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """Signal a run during the pause before step 5, check it saved step 5 and exited 128 + signal, relaunch it."""
+    env = cli_env()
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", *extra)
+    first = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", *extra, pause_at_step=4,
+                        pause_seconds=3.0)  # fmt: skip
+    proc = subprocess.Popen(first, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for((records / "paused").exists, "the pause before step 5", proc)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err[-4000:]
+    name = signal.Signals(signum).name
+    assert f"gridtnp: stopped by {name} after step 5; last.ckpt written" in err
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 5
+    resumed = run(command, tmp_path, env)
+    # last.ckpt, or the end-of-epoch checkpoint of the same step (step 5 ends epoch 0 here)
+    assert f"resuming from {run_dir / 'checkpoints'}" in resumed.stdout and "(global step 5)" in resumed.stdout
+    return resumed, records, run_dir
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_save_the_step_reached_and_exit_non_zero(tmp_path, signum):
+    """The step in progress finishes, last.ckpt holds it, the exit status is 128 + signal (not 0), and the relaunch
+    trains on the same tasks with the same losses as an uninterrupted run (one thread: to 1e-6)."""
+    reference = run(fit_command(tmp_path / "ref", tmp_path / "ref_rec"), tmp_path, cli_env())
+    assert reference.returncode == 0
+    _, records, _ = signal_and_resume(tmp_path, signum)
+    expected, got = train_steps(tmp_path / "ref_rec"), train_steps(records)
+    assert sorted(got) == sorted(expected) == list(range(1, 13))
+    for step in expected:
+        assert got[step]["task"] == expected[step]["task"], f"step {step} trained on other tasks"
+        assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, (step, got[step], expected[step])
+
+
+def test_sigterm_under_ddp_saves_one_step_on_every_rank(tmp_path):
+    """Rank 0 alone is signalled; both ranks stop after the same step, which last.ckpt holds, and the relaunch on
+    two processes goes on from there."""
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    _, records, _ = signal_and_resume(tmp_path, signal.SIGTERM, *ddp)
+    for rank in (0, 1):
+        steps = [r["step"] for r in read_records(records, rank) if r["kind"] == "train"]
+        assert steps == list(range(1, 13)), (rank, steps)  # nothing redone, nothing skipped, on both ranks
+
+
+def test_sigusr1_outside_slurm_saves_and_training_goes_on(tmp_path):
+    env = cli_env()
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", pause_at_step=4, pause_seconds=3)
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for((records / "paused").exists, "the pause before step 5", proc)
+    proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: (run_dir / "checkpoints" / "last.ckpt").exists(), "the save", proc)
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-4000:]
+    steps = [r["step"] for r in read_records(records) if r["kind"] == "train"]
+    assert steps == list(range(1, 13))
