@@ -14,8 +14,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 import signal
 import threading
 import zipfile
@@ -62,7 +64,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or is_url(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         previous = previous_path(path) if self.keep_previous else None
-        atomic_write(path, lambda f: torch.save(checkpoint, f), previous)
+        try:
+            atomic_write(path, lambda f: torch.save(checkpoint, f), previous)
+        except (OSError, RuntimeError) as err:
+            # torch.save reports a full disk as "[enforce fail at inline_container.cc] ... file write failed".
+            directory = Path(path).parent
+            free = shutil.disk_usage(directory).free if directory.is_dir() else 0
+            full = getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err) or free < 2**20
+            if not full:
+                raise
+            raise CheckpointError(
+                f"cannot write checkpoint {path}: no space left on the device of {directory} "
+                f"({free / 2**20:.1f} MB free); the previous checkpoint is intact. Free some space or point "
+                "--checkpoint.dirpath at another disk, then rerun the same command to resume."
+            ) from err
 
 
 def verify_checkpoint(path: str | os.PathLike) -> str | None:

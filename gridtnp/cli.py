@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
+import inspect
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -31,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from gridtnp.checkpointing import Checkpoint, CheckpointError, SaveConfig, checkpoint_step, resume_checkpoint
 from gridtnp.files import check_output, is_url
-from gridtnp.registry import KINDS, ConfigError, available, describe, document
+from gridtnp.registry import KINDS, ConfigError, accepted_arguments, available, describe, document
 
 __all__ = ["Checkpoint", "GridTNPCLI", "main"]
 
@@ -53,6 +56,11 @@ class GridTNPCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", trainer_defaults())
         kwargs.setdefault("save_config_callback", SaveConfig)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        # Raise instead of printing the usage text first: main() turns the error into one line with a hint.
+        no_exit = {"exit_on_error": False}
+        kwargs.setdefault(
+            "parser_kwargs", {**no_exit, **{sub: no_exit for sub in ("fit", "validate", "test", "predict")}}
+        )
         super().__init__(
             NeuralProcessModule,
             L.LightningDataModule,
@@ -119,6 +127,14 @@ class GridTNPCLI(LightningCLI):
             step = checkpoint_step(ckpt_path)
             print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
         config["ckpt_path"] = ckpt_path
+
+    def before_instantiate_classes(self) -> None:
+        """Trainer values Lightning would reject with a traceback: one line instead."""
+        subcommand = self.config.get("subcommand")
+        trainer = (self.config[subcommand] if subcommand else self.config).get("trainer") or {}
+        max_steps = trainer.get("max_steps")
+        if max_steps is not None and max_steps < -1:
+            raise ConfigError(f"--trainer.max_steps must be >= 0, or -1 for no limit; got {max_steps}.")
 
     def after_fit(self) -> None:
         """A run stopped by SIGTERM / SIGINT exits with status 128 + signal, after saying where it stopped."""
@@ -480,6 +496,9 @@ def main(argv: list[str] | None = None) -> None:
             if argv is None:  # LightningCLI reads sys.argv itself (and warns if given both)
                 sys.argv = [sys.argv[0], *args]
             run_lightning(None if argv is None else args)
+    except argparse.ArgumentError as err:
+        print(f"gridtnp: error: {argument_error_line(err, args)}", file=sys.stderr)
+        raise SystemExit(2) from None
     except Exception as err:
         # jsonargparse re-raises errors from a model's __init__ wrapped in its own ValueError:
         # report the ConfigError underneath (it says what to fix) instead of a traceback.
@@ -488,6 +507,42 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"gridtnp: error: {config_error}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
+    """One line from jsonargparse's multi-line error: what was wrong, where, and the closest valid name."""
+    text = str(err)
+    option = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", text)
+    if option:
+        path, name = option.groups()
+        module, _, attr = path.rpartition(".")
+        accepted = sorted(accepted_arguments(getattr(importlib.import_module(module), attr))[0])
+        close = difflib.get_close_matches(name, accepted, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{attr} has no argument {name!r}{hint}. Its arguments: {', '.join(accepted)}."
+    unknown = re.match(r"unrecognized arguments: (.*)", text)
+    if unknown:
+        parts = []
+        for token in unknown.group(1).split():
+            if not token.startswith("--"):
+                continue
+            hint = ""
+            if token.startswith("--trainer."):
+                names = [n for n in inspect.signature(L.Trainer.__init__).parameters if n != "self"]
+                close = difflib.get_close_matches(token.removeprefix("--trainer."), names, n=1)
+                hint = f" (did you mean --trainer.{close[0]}?)" if close else ""
+            parts.append(f"{token}{hint}")
+        if parts:
+            command = argv[0] if argv else "fit"
+            return f"unrecognized argument(s) {', '.join(parts)}. `gridtnp {command} --help` lists them."
+    keys = re.findall(r'Parser key "([\w.]+)"', text)
+    if keys:
+        path = ".init_args.".join(keys)  # a nested key is an argument of the class above it
+        details = [line.strip(" -") for line in text.splitlines() if line.strip()]
+        reasons = [line for line in details if line.startswith("Expected") or "Got value" in line]
+        last = re.sub(r'Parser key "[\w.]+":\s*', "", details[-1])
+        return f"--{path}: {'; '.join(reasons[:3]) or last}"
+    return text.splitlines()[0]
 
 
 def _find_config_error(err: BaseException | None) -> ConfigError | CheckpointError | None:

@@ -96,6 +96,11 @@ class NeuralProcessModule(L.LightningModule):
             "target_dim_y": target_dim_y,
             "grid": grid,
         }
+        if not (math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"model lr must be a finite number > 0; got {lr}.")
+        for name, value in (("weight_decay", weight_decay), ("warmup_steps", warmup_steps)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"model {name} must be a finite number >= 0; got {value}.")
         self.model = build_model(spec)
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         if lr_schedule not in ("constant", "cosine"):
@@ -111,6 +116,24 @@ class NeuralProcessModule(L.LightningModule):
         self.metrics = torch.nn.ModuleDict(
             {stage: torch.nn.ModuleDict(evaluation_metrics()) for stage in ("val", "test")}
         )
+
+    def setup(self, stage: str) -> None:
+        """Check that the DataModule's tasks have the inputs and sources the model was built for."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        dim_x, dim_y = getattr(datamodule, "dim_x", None), getattr(datamodule, "dim_y", None)
+        name = type(datamodule).__name__
+        if isinstance(dim_x, int) and dim_x != self.model.dim_x:
+            raise ConfigError(
+                f"the model takes {self.model.dim_x}-dimensional inputs (dim_x) but {name}'s tasks have {dim_x}: "
+                f"set --model.init_args.dim_x {dim_x}, or use a recipe made for this data."
+            )
+        if isinstance(dim_y, dict):
+            model_sources = {s: e.dim_y for s, e in self.model.encoders.items()}
+            if set(dim_y) - set(model_sources) or any(model_sources.get(s) != d for s, d in dim_y.items()):
+                raise ConfigError(
+                    f"{name}'s context sources {dim_y} (name: Dy) do not match the model's {model_sources}: set the "
+                    "model's dim_y to the data's mapping, or use a recipe made for this data."
+                )
 
     @property
     def num_parameters(self) -> int:

@@ -67,7 +67,67 @@ def truncated_copy(path: Path, of: Path) -> Path:
 
 # (id, arguments given the fixture paths, what the one error line says, the path that must not change)
 Case = tuple[str, Callable[[Path, Path], list[str]], str, Callable[[Path, Path], Path | None]]
+
+
+def fit_args(tmp: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", CNP, *QUIET, "--trainer.default_root_dir", str(tmp / "run"), *extra]
+
+
 CASES: list[Case] = [
+    (
+        "model key typo",
+        lambda ck, t: fit_args(t, "--model.init_args.lrr", "0.1"),
+        "no argument 'lrr' (did you mean 'lr'?)",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "trainer key typo",
+        lambda ck, t: fit_args(t, "--trainer.max_stepz", "5"),
+        "--trainer.max_stepz (did you mean --trainer.max_steps?)",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "data key typo",
+        lambda ck, t: fit_args(t, "--data.init_args.batch_sizee", "2"),
+        "SyntheticDataModule has no argument 'batch_sizee' (did you mean 'batch_size'?)",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a value of the wrong type",
+        lambda ck, t: fit_args(t, "--trainer.max_steps", "ten"),
+        "--trainer.max_steps: Expected a <class 'int'>. Got value: ten",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "negative learning rate",
+        lambda ck, t: fit_args(t, "--model.init_args.lr", "-0.001"),
+        "model lr must be a finite number > 0; got -0.001",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "negative max_steps",
+        lambda ck, t: fit_args(t, "--trainer.max_steps", "-5"),
+        "--trainer.max_steps must be >= 0, or -1 for no limit; got -5",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a zero token width",
+        lambda ck, t: fit_args(t, "--model.init_args.dim", "0"),
+        "model sizes must be >= 1; got dim = 0",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "model inputs that do not match the data",
+        lambda ck, t: fit_args(t, "--model.init_args.dim_x", "2"),
+        "the model takes 2-dimensional inputs (dim_x) but SyntheticDataModule's tasks have 1",
+        lambda ck, t: None,
+    ),
+    (
+        "a recipe that does not exist",
+        lambda ck, t: ["fit", "--config", str(t / "nope.yaml")],
+        "--config: File does not exist",
+        lambda ck, t: None,
+    ),
     (
         "unknown subcommand",
         lambda ck, tmp: ["fitt"],

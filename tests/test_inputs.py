@@ -65,3 +65,36 @@ def test_gridded_predictions_warn_beyond_the_grid():
     far = xr.Dataset(coords={"x0": [0.0, 500.0], "x1": [0.0]})
     with pytest.warns(UserWarning, match=r"targets lie outside the model's grid along input dimension 0 by up to 499"):
         predict(model, {"points": points}, far, coords=("x0", "x1"))
+
+
+def test_float64_inputs_are_computed_in_float32():
+    torch.manual_seed(0)
+    model = create_model("tnp", dim=16, layers=1).eval()
+    x, y, xt = torch.randn(2, 6, 1), torch.randn(2, 6, 1), torch.randn(2, 4, 1)
+    single = model({"points": Observations(x, y)}, xt).mean
+    double = model({"points": Observations(x.double(), y.double())}, xt.double()).mean
+    assert double.dtype == torch.float32
+    torch.testing.assert_close(double, single)
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_one_error_and_keeps_the_previous(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from gridtnp import checkpointing
+
+    path = tmp_path / "last.ckpt"
+    io = checkpointing.AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1}, path)
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file")
+
+    monkeypatch.setattr(checkpointing.torch, "save", full)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9, 0))
+    with pytest.raises(checkpointing.CheckpointError, match=r"cannot write checkpoint .*last.ckpt: no space left"):
+        io.save_checkpoint({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary left behind

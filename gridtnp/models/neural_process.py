@@ -66,12 +66,12 @@ class NeuralProcess(nn.Module):
             # Points with a NaN or inf in x or y are missing observations: masked out, and zeroed so that
             # no NaN reaches a matmul (0 * NaN would still be NaN).
             valid = obs.mask & torch.isfinite(obs.x).all(-1) & torch.isfinite(obs.y).all(-1)
-            x = torch.where(valid.unsqueeze(-1), obs.x, 0.0)
-            y = torch.where(valid.unsqueeze(-1), obs.y, 0.0)
+            x = torch.where(valid.unsqueeze(-1), single(obs.x), 0.0)
+            y = torch.where(valid.unsqueeze(-1), single(obs.y), 0.0)
             tokens[name] = Tokens(x, self.encoders[name](x, y), valid)
         # Padded target slots may hold anything; real targets with a non-finite location are refused where batches
         # are made (gridtnp.batch.Batch), without a device sync here.
-        xt = torch.nan_to_num(xt, nan=0.0, posinf=0.0, neginf=0.0)
+        xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
         latent = self.grid_encoder(tokens)
         states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
@@ -127,6 +127,11 @@ class NeuralProcess(nn.Module):
                 raise ValueError(f"context[{name!r}] has batch size {obs.x.shape[0]} but target x has {xt.shape[0]}.")
 
 
+def single(t: Tensor) -> Tensor:
+    """float64 inputs (numpy's default) as float32, the precision the models compute in; other tensors unchanged."""
+    return t.float() if t.dtype == torch.float64 else t
+
+
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -179,6 +184,10 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
     dim_x = int(spec.get("dim_x", 1))
     dim_y = spec.get("dim_y", 1)
     sources = {DEFAULT_SOURCE: int(dim_y)} if isinstance(dim_y, int) else {str(k): int(v) for k, v in dim_y.items()}
+    sizes = {"dim": dim, "dim_x": dim_x, **{f"dim_y[{k!r}]": v for k, v in sources.items()}}
+    bad = {k: v for k, v in sizes.items() if v < 1}
+    if bad:
+        raise ConfigError(f"model sizes must be >= 1; got {', '.join(f'{k} = {v}' for k, v in bad.items())}.")
     target_source = spec.get("target_source") or (next(iter(sources)) if len(sources) == 1 else None)
     if target_source not in sources:
         raise ConfigError(
