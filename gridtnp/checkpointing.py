@@ -34,10 +34,11 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
-from gridtnp.files import atomic_write, is_url
+from gridtnp.files import atomic_write, is_url, remove_path
 
 PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
 CONFIG_NAME = "config.yaml"
+LOGGER_VERSION = "gridtnp_logger_version"  # checkpoint entry: the logger version (folder) of the run
 
 
 class CheckpointError(RuntimeError):
@@ -96,13 +97,18 @@ def verify_checkpoint(path: str | os.PathLike) -> str | None:
     return None
 
 
-def checkpoint_step(path: str | os.PathLike) -> int | None:
-    """The ``global_step`` stored in a (verified) checkpoint; tensors are memory-mapped, not read."""
+def checkpoint_entry(path: str | os.PathLike, key: str) -> Any:
+    """One top-level entry of a (verified) checkpoint, or None; tensors are memory-mapped, not read."""
     try:
         ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception:
         return None
-    step = ckpt.get("global_step") if isinstance(ckpt, dict) else None
+    return ckpt.get(key) if isinstance(ckpt, dict) else None
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The ``global_step`` stored in a (verified) checkpoint."""
+    step = checkpoint_entry(path, "global_step")
     return int(step) if step is not None else None
 
 
@@ -281,6 +287,9 @@ class Checkpoint(ModelCheckpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        if stage == "fit" and trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
+            for leftover in Path(self.dirpath).glob(".*.tmp-*"):  # from a write killed before its rename
+                remove_path(leftover)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
@@ -326,6 +335,9 @@ class Checkpoint(ModelCheckpoint):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint["gridtnp_rng"] = _all_gather_objects(trainer, rng_state())
+        if trainer.logger is not None and trainer.logger.version is not None:
+            # A resumed run logs on into the same folder (the CLI reads this back), so its curves do not split.
+            checkpoint[LOGGER_VERSION] = trainer.logger.version
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         states = checkpoint.get("gridtnp_rng")

@@ -30,9 +30,18 @@ import lightning as L
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from gridtnp.checkpointing import Checkpoint, CheckpointError, SaveConfig, checkpoint_step, resume_checkpoint
+from gridtnp.checkpointing import (
+    LOGGER_VERSION,
+    Checkpoint,
+    CheckpointError,
+    SaveConfig,
+    checkpoint_entry,
+    checkpoint_step,
+    resume_checkpoint,
+)
 from gridtnp.files import check_output, is_url
 from gridtnp.registry import KINDS, ConfigError, accepted_arguments, available, describe, document
 
@@ -127,6 +136,11 @@ class GridTNPCLI(LightningCLI):
             step = checkpoint_step(ckpt_path)
             print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
         config["ckpt_path"] = ckpt_path
+        version = checkpoint_entry(ckpt_path, LOGGER_VERSION) if ckpt_path not in (None, "last") else None
+        logger = self.trainer.logger
+        if version is not None and isinstance(logger, TensorBoardLogger) and logger.version != version:
+            # Continue the run's TensorBoard folder instead of starting version_N+1 (one continuous curve).
+            self.trainer.loggers = [TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version)]
 
     def before_instantiate_classes(self) -> None:
         """Trainer values Lightning would reject with a traceback: one line instead."""

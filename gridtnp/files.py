@@ -69,7 +69,7 @@ def replace_path(tmp: str | os.PathLike, out: str | os.PathLike, previous: str |
         os.replace(out, aside)
     os.replace(tmp, out)
     if aside is not None and previous is None:
-        _remove(aside)
+        remove_path(aside)
     _fsync_directory(out.parent)
 
 
@@ -84,7 +84,7 @@ def replacing(path: str | os.PathLike, previous: str | os.PathLike | None = None
         yield tmp
         replace_path(tmp, path, previous)
     finally:
-        _remove(tmp)
+        remove_path(tmp)
 
 
 def atomic_write(
@@ -97,7 +97,8 @@ def atomic_write(
         os.fsync(f.fileno())
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """Delete a file or a directory tree; nothing if it is gone already."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:

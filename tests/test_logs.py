@@ -1,5 +1,5 @@
 """Quiet, continuous logs: a short fit prints no Python warning and, without a terminal, plain progress lines;
-``gridtnp test`` prints one metric table."""
+``gridtnp test`` prints one metric table; leftovers of killed checkpoint writes are cleaned."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ def gridtnp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_a_short_fit_and_test_print_no_warning_and_one_table(tmp_path):
     common = ["--config", RECIPE, "--data.init_args.val_batches", "1", "--data.init_args.test_batches", "1",
               "--model.init_args.dim", "16"]  # fmt: skip
+    leftover = tmp_path / "ckpt" / ".last.ckpt.tmp-deadbeef"  # a write killed before its rename, earlier
+    leftover.parent.mkdir()
+    leftover.write_bytes(b"partial")
     fit = gridtnp("fit", *common, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
                   "--progress.every_n_steps", "3", "--checkpoint.dirpath", "ckpt", cwd=tmp_path)  # fmt: skip
     assert fit.returncode == 0, fit.stderr[-2000:]
@@ -28,6 +31,7 @@ def test_a_short_fit_and_test_print_no_warning_and_one_table(tmp_path):
     assert not warnings, warnings
     assert "gridtnp: step 3/6, train/loss" in fit.stdout and "gridtnp: step 6/6" in fit.stdout
     assert "\r" not in fit.stdout  # no progress-bar refreshes in a log file
+    assert not leftover.exists()
 
     test = gridtnp("test", *common, "--ckpt_path", "ckpt/last.ckpt", cwd=tmp_path)
     assert test.returncode == 0, test.stderr[-2000:]

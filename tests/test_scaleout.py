@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gridtnp import NeuralProcessModule
 from gridtnp.data import SyntheticDataModule
@@ -239,7 +240,13 @@ def test_sigterm_and_sigint_save_the_step_reached_and_exit_non_zero(tmp_path, si
     trains on the same tasks with the same losses as an uninterrupted run (one thread: to 1e-6)."""
     reference = run(fit_command(tmp_path / "ref", tmp_path / "ref_rec"), tmp_path, cli_env())
     assert reference.returncode == 0
-    _, records, _ = signal_and_resume(tmp_path, signum)
+    _, records, run_dir = signal_and_resume(tmp_path, signum, "--trainer.logger", "true")
+    # The relaunch logs on into the run's TensorBoard folder: one folder, one point per validation, none twice.
+    assert [p.name for p in (run_dir / "lightning_logs").iterdir()] == ["version_0"]
+    events = EventAccumulator(str(run_dir / "lightning_logs" / "version_0"))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("val/loglik")]
+    assert len(steps) == 2 and steps[0] < steps[1], steps  # the validations after steps 5 and 10
     expected, got = train_steps(tmp_path / "ref_rec"), train_steps(records)
     assert sorted(got) == sorted(expected) == list(range(1, 13))
     for step in expected:
