@@ -30,7 +30,7 @@ demo: install
 		--ckpt_path $(DEMO_DIR)/checkpoints/last.ckpt
 
 ## The test suite (under 10 minutes on 2 CPU cores): the fast tests, then the scale-out tests, which launch
-## `gridtnp fit` in subprocesses (DDP with 2 CPU processes, a killed and resumed run, a SLURM requeue).
+## `gridtnp fit` in subprocesses (DDP with 2 CPU processes, killed / signalled and resumed runs, a SLURM requeue).
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
