@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gridtnp-installed
 
-.PHONY: install demo test test-slow lint format clean
+.PHONY: install demo test test-slow slurm lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,8 @@ test: install
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -m slow tests/test_scaleout.py
 
-## Heavy checks excluded from the timed suite.
-test-slow: install
+## Heavy checks excluded from the timed suite, with a real one-node Slurm (tests/test_slurm.py) where it can run.
+test-slow: install slurm
 	$(BIN)/python -m pytest -q -m slow
 
 lint: install
@@ -46,3 +46,9 @@ lint: install
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache .ruff_cache *.egg-info
+
+## Slurm and munge from Debian's packages, for the Slurm test (which is skipped, saying why, where they cannot run).
+slurm:
+	@command -v slurmctld >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge) \
+		|| echo "make slurm: Slurm could not be installed; tests/test_slurm.py will be skipped"
