@@ -17,7 +17,7 @@ from gridtnp.data.layout import STATS_ATTR, DataError
 from gridtnp.data.prepare import prepare
 from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
 from gridtnp.data.stations import read_stations, snap_to_grid
-from gridtnp.data.store import normalisation_stats, open_store, select
+from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, select
 from gridtnp.registry import ConfigError
 
 TRAIN = ("2019-03-01", "2019-03-21")
@@ -314,3 +314,38 @@ def test_automatic_time_chunks_keep_chunks_small_for_random_access() -> None:
     assert auto_time_chunk(grid(8760, 721, 1440)) == 1  # global 0.25 degree: 4.0 MiB a step
     assert auto_time_chunk(grid(8760, 181, 360)) == 16  # global 1 degree
     assert auto_time_chunk(grid(8760, 37, 721, 1440)) == 1  # 37 pressure levels: one step per chunk
+
+
+def test_a_store_missing_a_chunk_is_refused_at_open_naming_it(tmp_path: Path) -> None:
+    lat, lon = np.array([0.0, 1.0]), np.array([0.0, 1.0, 2.0])
+    out = prepare([write_nc(synthetic(lat, lon, steps=6), tmp_path / "a.nc")], tmp_path / "s.zarr", time_chunk=2,
+                  progress=False)  # fmt: skip
+    open_store(out)  # complete: opens
+    (out / "t2m" / "1.0.0").unlink()  # deleted, or never copied
+    with pytest.raises(DataError, match=r"s\.zarr: variable 't2m' has 2 of the 3 chunk files .* missing: 1\.0\.0"):
+        open_store(out)
+
+
+def test_a_corrupt_chunk_among_several_is_named_alone(tmp_path: Path) -> None:
+    lat, lon = np.array([0.0, 1.0]), np.array([0.0, 1.0, 2.0])
+    out = prepare([write_nc(synthetic(lat, lon, steps=6), tmp_path / "a.nc")], tmp_path / "s.zarr", time_chunk=2,
+                  progress=False)  # fmt: skip
+    chunk = out / "t2m" / "2.0.0"
+    chunk.write_bytes(chunk.read_bytes()[:7])
+    cache = ChunkCache(str(out), capacity=4, variables=["t2m"])
+    with pytest.raises(DataError, match=r"'t2m' time chunks \[2\] failed"):
+        cache.read([("t2m", np.arange(6))])  # chunks 0, 1 and 2 in one read
+
+
+def test_prepare_never_replaces_a_store_it_did_not_write_and_cleans_leftovers(tmp_path: Path) -> None:
+    lat, lon = np.array([0.0, 1.0]), np.array([0.0, 1.0, 2.0])
+    nc = write_nc(synthetic(lat, lon), tmp_path / "a.nc")
+    predictions = tmp_path / "pred.zarr"
+    xr.Dataset({"mean": ("x", [1.0, 2.0])}, attrs={"source": "gridtnp predictions"}).to_zarr(predictions)
+    with pytest.raises(DataError, match=r"did not write .* refusing to replace it even with --overwrite"):
+        prepare([nc], predictions, overwrite=True, progress=False)
+    assert xr.open_zarr(predictions)["mean"].values.tolist() == [1.0, 2.0]
+    leftover = tmp_path / ".s.zarr.tmp-deadbeef"  # a prepare killed before its rename
+    (leftover / "t2m").mkdir(parents=True)
+    prepare([nc], tmp_path / "s.zarr", progress=False)
+    assert not leftover.exists()

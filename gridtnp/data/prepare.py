@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import importlib.util
 import itertools
+import json
 import os
 import shlex
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ import dask
 import numpy as np
 import xarray as xr
 
+from gridtnp.data.inventory import CHUNKS_ATTR, inventory
 from gridtnp.data.layout import (
     DIMS,
     PROVENANCE_ATTR,
@@ -42,7 +44,7 @@ from gridtnp.data.layout import (
     normalise,
     select_time,
 )
-from gridtnp.files import is_url, replacing
+from gridtnp.files import is_url, remove_path, replacing
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
 ZARR_FORMAT = 2  # readable by zarr-python 2 and 3 (and most other Zarr readers); v3 adds nothing needed here
@@ -219,6 +221,7 @@ def prepare(
             f"gridtnp data prepare: [3/4] writing {out_path} in chunks of {steps} time steps, with mean/std over "
             f"{iso(train.time.values[0])} to {iso(train.time.values[-1])} ({train.sizes['time']} steps)"
         )
+        remove_leftovers(out_path)
         with replacing(out_path) as tmp:
             store_kwargs = {"zarr_format": ZARR_FORMAT} if _zarr_major() >= 3 else {}
             write = ds.to_zarr(tmp, mode="w-", encoding=encoding, consolidated=False, compute=False, **store_kwargs)
@@ -282,6 +285,21 @@ def data_main(argv: Sequence[str]) -> None:
 def is_zarr_store(path: Path) -> bool:
     """Whether ``path`` is a directory holding Zarr (v2 or v3) metadata at its root."""
     return path.is_dir() and any((path / name).exists() for name in ("zarr.json", ".zgroup", ".zmetadata"))
+
+
+def is_prepared_store(path: Path) -> bool:
+    """Whether ``path`` is a store ``gridtnp data prepare`` wrote (its root attributes hold the statistics)."""
+    attrs = path / ".zattrs"
+    try:
+        return STATS_ATTR in json.loads(attrs.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def remove_leftovers(out: Path) -> None:
+    """Delete temporaries of earlier runs into ``out`` that were killed before their rename (``.<name>.tmp-*``)."""
+    for leftover in out.parent.glob(f".{out.name}.tmp-*"):
+        remove_path(leftover)
 
 
 def _to_float32(ds: xr.Dataset) -> xr.Dataset:
@@ -352,7 +370,8 @@ def _finish_store(tmp: Path, stats: dict[str, Any], provenance: dict[str, Any]) 
     import zarr
 
     group = zarr.open_group(str(tmp), mode="r+")
-    group.attrs.update({STATS_ATTR: stats, PROVENANCE_ATTR: provenance})
+    variables = [name for name in stats]  # the data variables (coordinates have no statistics)
+    group.attrs.update({STATS_ATTR: stats, PROVENANCE_ATTR: provenance, CHUNKS_ATTR: inventory(tmp, variables)})
     zarr.consolidate_metadata(str(tmp))
 
 
@@ -368,6 +387,11 @@ def _check_target(out: Path, overwrite: bool) -> None:
         )
     if not is_zarr_store(out):
         raise DataError(f"--out {out} exists and is not a Zarr store; refusing to replace it. Choose another path.")
+    if not is_prepared_store(out):
+        raise DataError(
+            f"--out {out} is a Zarr store that gridtnp data prepare did not write (e.g. predictions); refusing to "
+            "replace it even with --overwrite. Choose another path."
+        )
 
 
 def _progress_bar(enabled: bool) -> contextlib.AbstractContextManager[Any]:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from gridtnp.data.inventory import CHUNKS_ATTR, check_chunks
 from gridtnp.data.layout import DIMS, STATS_ATTR, DataError, DateLike, coverage, normalise, select_time
 from gridtnp.files import is_url
 from gridtnp.registry import ConfigError
@@ -79,6 +81,9 @@ def open_store(
                 f"available: {', '.join(map(str, ds.data_vars)) or '(none)'}."
             )
         ds = ds[list(variables)]
+    recorded = ds.attrs.get(CHUNKS_ATTR)
+    if recorded and not is_url(source):  # a local store prepared by gridtnp: every chunk file it wrote is there
+        check_chunks(Path(source), {v: n for v, n in recorded.items() if v in ds.data_vars})
     if convert_layout:
         ds = normalise(ds, source)
     check_layout(ds, source)
@@ -233,6 +238,19 @@ class ChunkCache:
             self._bounds[variable] = np.concatenate([[0], np.cumsum(steps)])
         return self._bounds[variable]
 
+    def _failing_chunk(
+        self, spans: list[tuple[str, list[int], np.ndarray]], err: Exception
+    ) -> tuple[str, int | str, Exception]:
+        """After a failed read of several chunks: the first one that fails on its own (the error path only)."""
+        ds = self.dataset()
+        for variable, chunks, bounds in spans:
+            for c in chunks:
+                try:
+                    np.asarray(ds[variable].data[bounds[c] : bounds[c + 1]])
+                except Exception as own:
+                    return variable, c, own
+        return spans[0][0], ", ".join(str(c) for c in spans[0][1]), err
+
     def read(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         """``[(variable, time index [T])]`` -> ``[fields [T, H, W]]``, reading each missing chunk once (one compute)."""
         ds = self.dataset()
@@ -261,10 +279,11 @@ class ChunkCache:
             try:
                 computed = dask.compute(*lazy, scheduler="synchronous")
             except Exception as err:  # a truncated / corrupt chunk, a dropped connection, a missing chunk file
-                what = ", ".join(f"{v!r} time chunks {chunks}" for v, chunks, _ in spans)
+                variable, chunk, err = self._failing_chunk(spans, err)
                 raise DataError(
-                    f"{self.store}: reading {what} failed ({type(err).__name__}: {err}). The store may be truncated "
-                    "or corrupt: re-run `gridtnp data prepare ... --overwrite`, or check the connection for a URL."
+                    f"{self.store}: reading {variable!r} time chunks [{chunk}] failed ({type(err).__name__}: {err}). "
+                    "The store may be truncated or corrupt: re-run `gridtnp data prepare ... --overwrite`, or "
+                    "check the connection for a URL."
                 ) from err
             for data, (variable, chunks, bounds) in zip(computed, spans, strict=True):
                 start = 0
