@@ -349,3 +349,10 @@ def test_prepare_never_replaces_a_store_it_did_not_write_and_cleans_leftovers(tm
     (leftover / "t2m").mkdir(parents=True)
     prepare([nc], tmp_path / "s.zarr", progress=False)
     assert not leftover.exists()
+
+
+def test_latitudes_beyond_the_poles_are_refused(tmp_path: Path) -> None:
+    nc = write_nc(synthetic(np.array([80.0, 100.0]), np.array([0.0, 1.0])), tmp_path / "polar.nc")
+    with pytest.raises(DataError, match=r"latitude 100 is outside \[-90, 90\]"):
+        prepare([nc], tmp_path / "s.zarr", progress=False)
+    assert not (tmp_path / "s.zarr").exists()

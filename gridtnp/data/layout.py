@@ -52,6 +52,10 @@ def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
     lon = ds["longitude"].values.astype(np.float64)
     if lon.size and (lon.min() < -180 or lon.max() >= 180):
         ds = ds.assign_coords(longitude=("longitude", (lon + 180.0) % 360.0 - 180.0, lon_attrs))
+    lat = ds["latitude"].values.astype(np.float64)
+    if lat.size and np.nanmax(np.abs(lat)) > 90:
+        bad = lat[np.abs(lat) > 90][0]
+        raise DataError(f"{source}: latitude {bad:g} is outside [-90, 90]; latitudes are in degrees north.")
     lat_attrs = dict(ds["latitude"].attrs)
     if "stored_direction" in lat_attrs:  # cfgrib's note on the GRIB order, no longer true once sorted
         lat_attrs["stored_direction"] = "increasing"
