@@ -13,16 +13,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
-import inspect
 import json
-import logging
 import os
-import re
 import signal
 import sys
-import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +30,15 @@ from lightning.pytorch.utilities import rank_zero_only
 from gridtnp.checkpointing import (
     LOGGER_VERSION,
     Checkpoint,
-    CheckpointError,
     SaveConfig,
     checkpoint_entry,
     checkpoint_step,
     resume_checkpoint,
 )
 from gridtnp.files import check_output, is_url
-from gridtnp.registry import KINDS, ConfigError, accepted_arguments, available, describe, document
+from gridtnp.guards import argument_error_line, check_checkpoint_model, find_config_error, is_plot_folder
+from gridtnp.registry import KINDS, ConfigError, available, describe, document
+from gridtnp.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party
 
 __all__ = ["Checkpoint", "GridTNPCLI", "main"]
 
@@ -219,74 +214,6 @@ class GridTNPCLI(LightningCLI):
         print(f"gridtnp: test metrics written to {path}")
 
 
-def check_checkpoint_model(ckpt_path: str | os.PathLike, model_config: Any) -> None:
-    """Refuse a checkpoint whose model differs from the recipe's (``ConfigError`` naming the differing parts).
-
-    ``model_config`` is the recipe's ``model`` entry (``class_path``, ``init_args``) as parsed. Only what defines
-    the network is compared (the five slots, sizes and grid, each fully expanded), not the learning rate or
-    schedule, so a recipe may change those for a resumed run.
-    """
-    from gridtnp.models.neural_process import MODEL_KEYS, expand_spec
-
-    init_args = getattr(model_config, "init_args", None)
-    if init_args is None:
-        return
-    hparams = torch.load(ckpt_path, map_location="cpu", weights_only=True).get("hyper_parameters") or {}
-    keys = (*MODEL_KEYS, "preset")
-    if not any(k in hparams for k in keys):
-        return  # not a NeuralProcessModule checkpoint: nothing to compare
-
-    def expanded(args: Any) -> dict[str, Any]:
-        spec = {k: args.get(k) for k in keys}
-        try:
-            return expand_spec(spec)
-        except (ConfigError, ValueError, TypeError) as err:
-            return {"(cannot be built)": str(err)}
-
-    recipe, checkpoint = expanded(init_args), expanded(hparams)
-    differing = [k for k in dict.fromkeys([*recipe, *checkpoint]) if recipe.get(k) != checkpoint.get(k)]
-    if differing:
-        parts = [
-            f"{k} (recipe: {_summary(recipe.get(k))}; checkpoint: {_summary(checkpoint.get(k))})" for k in differing
-        ]
-        raise ConfigError(
-            f"--ckpt_path {ckpt_path} holds a different model than the recipe: {'; '.join(parts)}. Use the recipe it "
-            "was trained with (fit saves it as config.yaml beside the checkpoints)."
-        )
-
-
-def _summary(value: Any) -> str:
-    """A component spec by its registry name, anything else as written: short enough for one line."""
-    if isinstance(value, dict) and "name" in value:
-        return str(value["name"])
-    return repr(value)
-
-
-def metrics_path(ckpt_path: str | os.PathLike | None, fallback_dir: str | os.PathLike, split: str) -> Path:
-    """Where ``gridtnp test`` writes its metrics: ``<checkpoint stem>.<split>_metrics.json`` beside the checkpoint,
-    or ``<fallback_dir>/<split>_metrics.json`` when the model was not loaded from one."""
-    if ckpt_path:
-        ckpt = Path(ckpt_path)
-        return ckpt.with_name(f"{ckpt.stem}.{split}_metrics.json")
-    return Path(fallback_dir) / f"{split}_metrics.json"
-
-
-def format_metrics(metrics: dict[str, float], split: str) -> str:
-    """A plain-text table of ``{name: value}``, the log-likelihood with its standard error over tasks."""
-    rows = []
-    for name, value in metrics.items():
-        if name == "loglik_stderr":
-            continue
-        text = f"{value:.4f}"
-        if name == "loglik" and "loglik_stderr" in metrics:
-            text += f" +- {metrics['loglik_stderr']:.4f} (standard error over tasks)"
-        rows.append((f"{split}/{name}", text))
-    width = max(len(name) for name, _ in rows)
-    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
-    lines += [f"{name:<{width}}  {text}" for name, text in rows]
-    return "\n".join(lines)
-
-
 def trainer_defaults() -> dict[str, Any]:
     """Gradient clipping 0.5, bf16-mixed on CUDA and 32-bit elsewhere, runs under ``runs/``; the progress bar only
     on a terminal (a log file gets ``ProgressLog``'s plain lines instead of every bar refresh)."""
@@ -296,56 +223,6 @@ def trainer_defaults() -> dict[str, Any]:
         "default_root_dir": "runs",
         "enable_progress_bar": sys.stdout.isatty(),
     }
-
-
-class ProgressLog(L.Callback):
-    """Without a progress bar (stdout not a terminal), one plain line every ``every_n_steps`` training steps.
-
-    Args:
-        every_n_steps: steps between lines; 0 turns them off.
-    """
-
-    def __init__(self, every_n_steps: int = 50) -> None:
-        self.every_n_steps = every_n_steps
-        self.start = 0.0
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.start = time.monotonic()
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
-        step = trainer.global_step
-        if trainer.progress_bar_callback is not None or not self.every_n_steps or step % self.every_n_steps:
-            return
-        if trainer.is_global_zero:
-            loss = trainer.callback_metrics.get("train/loss")
-            total = f"/{trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else ""
-            rate = step / max(time.monotonic() - self.start, 1e-9)
-            text = f"gridtnp: step {step}{total}" + (f", train/loss {float(loss):.4f}" if loss is not None else "")
-            print(f"{text}, {rate:.2f} steps/s", flush=True)
-
-
-def quiet_third_party(subcommand: str | None) -> None:
-    """Filter messages that say nothing a gridtnp user can act on (``--verbose`` keeps them)."""
-    # Lightning's own use of a deprecated torch API, fixed upstream in a later release.
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-    # NeuralProcessModule moves its Batch itself (Batch.to) on purpose, whatever the DataModule.
-    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device`")
-    # The training stream knows its per-rank length by design (data/datamodules.py: TrainTaskStream).
-    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
-    # gridtnp writes config.yaml into the checkpoint directory first, and resumes from checkpoints found there
-    # (saying so): Lightning's "exists and is not empty" would appear on every run and tell nothing.
-    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-    if subcommand in ("test", "validate", "predict"):
-        # They restore a checkpoint's callback state they never use: where fit wrote its checkpoints does not matter.
-        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
-    # An advertisement for a hosted logger, printed on every run.
-    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _drop_tips not in logger.filters:
-        logger.addFilter(_drop_tips)
-
-
-def _drop_tips(record: logging.LogRecord) -> bool:
-    return not str(record.getMessage()).startswith("💡 Tip:")
 
 
 def run_lightning(args: list[str] | None = None) -> None:
@@ -453,11 +330,6 @@ def plot_main(args: list[str]) -> None:
     print(f"gridtnp plot: {len(written)} files in {opts.out}: " + ", ".join(p.name for p in written))
 
 
-def is_plot_folder(path: Path) -> bool:
-    """A folder holding nothing but PNG files (what ``gridtnp plot`` writes)."""
-    return path.is_dir() and all(p.suffix == ".png" and p.is_file() for p in path.iterdir())
-
-
 SUBCOMMANDS = {
     "fit": "train a model from a recipe (resumes from checkpoints in --checkpoint.dirpath)",
     "validate": "evaluate a checkpoint on the validation set",
@@ -516,58 +388,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as err:
         # jsonargparse re-raises errors from a model's __init__ wrapped in its own ValueError:
         # report the ConfigError underneath (it says what to fix) instead of a traceback.
-        config_error = _find_config_error(err)
+        config_error = find_config_error(err)
         if config_error is None:
             raise
         print(f"gridtnp: error: {config_error}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
-    """One line from jsonargparse's multi-line error: what was wrong, where, and the closest valid name."""
-    text = str(err)
-    option = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", text)
-    if option:
-        path, name = option.groups()
-        module, _, attr = path.rpartition(".")
-        accepted = sorted(accepted_arguments(getattr(importlib.import_module(module), attr))[0])
-        close = difflib.get_close_matches(name, accepted, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"{attr} has no argument {name!r}{hint}. Its arguments: {', '.join(accepted)}."
-    unknown = re.match(r"unrecognized arguments: (.*)", text)
-    if unknown:
-        parts = []
-        for token in unknown.group(1).split():
-            if not token.startswith("--"):
-                continue
-            hint = ""
-            if token.startswith("--trainer."):
-                names = [n for n in inspect.signature(L.Trainer.__init__).parameters if n != "self"]
-                close = difflib.get_close_matches(token.removeprefix("--trainer."), names, n=1)
-                hint = f" (did you mean --trainer.{close[0]}?)" if close else ""
-            parts.append(f"{token}{hint}")
-        if parts:
-            command = argv[0] if argv else "fit"
-            return f"unrecognized argument(s) {', '.join(parts)}. `gridtnp {command} --help` lists them."
-    keys = re.findall(r'Parser key "([\w.]+)"', text)
-    if keys:
-        path = ".init_args.".join(keys)  # a nested key is an argument of the class above it
-        details = [line.strip(" -") for line in text.splitlines() if line.strip()]
-        reasons = [line for line in details if line.startswith("Expected") or "Got value" in line]
-        last = re.sub(r'Parser key "[\w.]+":\s*', "", details[-1])
-        return f"--{path}: {'; '.join(reasons[:3]) or last}"
-    return text.splitlines()[0]
-
-
-def _find_config_error(err: BaseException | None) -> ConfigError | CheckpointError | None:
-    """The first ``ConfigError`` or ``CheckpointError`` in an exception's chain of causes and contexts."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, ConfigError | CheckpointError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,95 @@
+"""What the CLI prints and logs: the test metric table and its JSON path, plain progress lines off a terminal, and
+the third-party messages it filters.
+
+* ``metrics_path(ckpt, fallback_dir, split)``, ``format_metrics(metrics, split)``: ``gridtnp test``'s outputs.
+* ``ProgressLog``: a callback printing one line every N steps when there is no progress bar.
+* ``quiet_third_party(subcommand)``: warnings and log lines a gridtnp user cannot act on, filtered with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+
+def metrics_path(ckpt_path: str | os.PathLike | None, fallback_dir: str | os.PathLike, split: str) -> Path:
+    """Where ``gridtnp test`` writes its metrics: ``<checkpoint stem>.<split>_metrics.json`` beside the checkpoint,
+    or ``<fallback_dir>/<split>_metrics.json`` when the model was not loaded from one."""
+    if ckpt_path:
+        ckpt = Path(ckpt_path)
+        return ckpt.with_name(f"{ckpt.stem}.{split}_metrics.json")
+    return Path(fallback_dir) / f"{split}_metrics.json"
+
+
+def format_metrics(metrics: dict[str, float], split: str) -> str:
+    """A plain-text table of ``{name: value}``, the log-likelihood with its standard error over tasks."""
+    rows = []
+    for name, value in metrics.items():
+        if name == "loglik_stderr":
+            continue
+        text = f"{value:.4f}"
+        if name == "loglik" and "loglik_stderr" in metrics:
+            text += f" +- {metrics['loglik_stderr']:.4f} (standard error over tasks)"
+        rows.append((f"{split}/{name}", text))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 5}"]
+    lines += [f"{name:<{width}}  {text}" for name, text in rows]
+    return "\n".join(lines)
+
+
+class ProgressLog(L.Callback):
+    """Without a progress bar (stdout not a terminal), one plain line every ``every_n_steps`` training steps.
+
+    Args:
+        every_n_steps: steps between lines; 0 turns them off.
+    """
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        self.every_n_steps = every_n_steps
+        self.start = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start = time.monotonic()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        step = trainer.global_step
+        if trainer.progress_bar_callback is not None or not self.every_n_steps or step % self.every_n_steps:
+            return
+        if trainer.is_global_zero:
+            loss = trainer.callback_metrics.get("train/loss")
+            total = f"/{trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else ""
+            rate = step / max(time.monotonic() - self.start, 1e-9)
+            text = f"gridtnp: step {step}{total}" + (f", train/loss {float(loss):.4f}" if loss is not None else "")
+            print(f"{text}, {rate:.2f} steps/s", flush=True)
+
+
+def quiet_third_party(subcommand: str | None) -> None:
+    """Filter messages that say nothing a gridtnp user can act on (``--verbose`` keeps them)."""
+    # Lightning's own use of a deprecated torch API, fixed upstream in a later release.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # NeuralProcessModule moves its Batch itself (Batch.to) on purpose, whatever the DataModule.
+    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device`")
+    # The training stream knows its per-rank length by design (data/datamodules.py: TrainTaskStream).
+    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
+    # gridtnp writes config.yaml into the checkpoint directory first, and resumes from checkpoints found there
+    # (saying so): Lightning's "exists and is not empty" would appear on every run and tell nothing.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    if subcommand in ("test", "validate", "predict"):
+        # They restore a checkpoint's callback state they never use: where fit wrote its checkpoints does not matter.
+        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+    # On a machine with Slurm installed, a run outside a job is deliberate (jobs go through recipes/slurm/*.sbatch).
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
+    # An advertisement for a hosted logger, printed on every run.
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_tips not in logger.filters:
+        logger.addFilter(_drop_tips)
+
+
+def _drop_tips(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith("💡 Tip:")
