@@ -80,6 +80,8 @@ def quiet_third_party(subcommand: str | None) -> None:
     # gridtnp writes config.yaml into the checkpoint directory first, and resumes from checkpoints found there
     # (saying so): Lightning's "exists and is not empty" would appear on every run and tell nothing.
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    # gridtnp's PredictionWriter orders the outputs itself; Lightning's batch indices are not used.
+    warnings.filterwarnings("ignore", message=r"Couldn't infer the batch indices fetched from your dataloader")
     if subcommand in ("test", "validate", "predict"):
         # They restore a checkpoint's callback state they never use: where fit wrote its checkpoints does not matter.
         warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
