@@ -7,6 +7,7 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import xarray as xr
 
@@ -46,6 +47,20 @@ def prepared_store(path: Path) -> Path:
     ds = xr.Dataset({"t2m": (("time", "latitude", "longitude"), [[[280.0, 281.0]]])})
     ds.attrs["gridtnp_stats"] = "{}"
     ds.to_zarr(path, mode="w", zarr_format=2, consolidated=True)
+    return path
+
+
+def prediction_store(path: Path) -> Path:
+    xr.Dataset({"mean": ("x", [1.0])}, attrs={"source": "gridtnp predictions"}).to_zarr(path)
+    return path
+
+
+def polar_file(path: Path) -> Path:
+    ds = xr.Dataset(
+        {"t2m": (("time", "latitude", "longitude"), [[[280.0], [281.0]]])},
+        coords={"time": [np.datetime64("2020-01-01")], "latitude": [80.0, 100.0], "longitude": [0.0]},
+    )
+    ds.to_netcdf(path)
     return path
 
 
@@ -239,6 +254,66 @@ CASES: list[Case] = [
         lambda ck, tmp: ["plot", "--config", TNP, "--ckpt_path", str(ck), "--out", str(tmp / "plots"), *SMALL_DATA],
         "holds a different model than the recipe: ",
         lambda ck, tmp: ck,
+    ),
+    (
+        "unknown processor",
+        lambda ck, t: fit_args(t, "--model.init_args.processor", "{name: swinn}"),
+        "Unknown processor 'swinn'. Did you mean 'swin'",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a component option out of range",
+        lambda ck, t: fit_args(t, "--model.init_args.grid_decoder", "{name: concat, layers: 0}"),
+        "mlp needs at least one layer",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "negative weight decay",
+        lambda ck, t: fit_args(t, "--model.init_args.weight_decay", "-1"),
+        "model weight_decay must be a finite number >= 0; got -1",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "an empty batch",
+        lambda ck, t: fit_args(t, "--data.init_args.batch_size", "0"),
+        "batch_size",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "an unknown precision",
+        lambda ck, t: fit_args(t, "--trainer.precision", "17"),
+        "--trainer.precision: Expected a typing.Literal",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "an unknown component in gridtnp list",
+        lambda ck, t: ["list", "processor", "swinn"],
+        "Unknown processor 'swinn'. Did you mean 'swin'",
+        lambda ck, t: None,
+    ),
+    (
+        "prepare from a file that does not exist",
+        lambda ck, t: ["data", "prepare", str(t / "missing.nc"), "--out", str(t / "s.zarr")],
+        "missing.nc",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare onto an existing store without --overwrite",
+        lambda ck, t: ["data", "prepare", str(t / "a.nc"), "--out", str(prepared_store(t / "s.zarr"))],
+        "already exists; pass --overwrite",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare onto predictions",
+        lambda ck, t: ["data", "prepare", str(t / "a.nc"), "--overwrite", "--out", str(prediction_store(t / "p.zarr"))],
+        "did not write",
+        lambda ck, t: t / "p.zarr",
+    ),
+    (
+        "prepare latitudes beyond the poles",
+        lambda ck, t: ["data", "prepare", str(polar_file(t / "polar.nc")), "--out", str(t / "s.zarr")],
+        "latitude 100 is outside [-90, 90]",
+        lambda ck, t: t / "s.zarr",
     ),
 ]
 

@@ -38,3 +38,14 @@ def test_a_short_fit_and_test_print_no_warning_and_one_table(tmp_path):
     assert test.stdout.count("test/loglik") == 1, test.stdout  # gridtnp's table, not Lightning's as well
     warnings = [line for line in (test.stdout + test.stderr).splitlines() if WARNING_LINE.search(line)]
     assert not warnings, warnings
+
+
+def test_a_mistake_through_the_console_entry_point_is_one_line_and_status_2(tmp_path):
+    done = gridtnp("fit", "--config", RECIPE, "--model.init_args.lrr", "0.1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gridtnp: error: NeuralProcessModule has no argument 'lrr' (did you mean 'lr'?). Its arguments: "
+        "cos_latitude_weighting, dim, dim_x, dim_y, encoder, grid, grid_decoder, grid_encoder, latitude_dim, "
+        "likelihood, lr, lr_schedule, preset, processor, target_dim_y, target_source, warmup_steps, weight_decay."
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing written
