@@ -171,6 +171,30 @@ def test_kernel_families_match_closed_forms() -> None:
     assert task.kernels == ("periodic",) and torch.isfinite(task.sample(4, gen(6)).target.y).all()
 
 
+def test_gp1d_periodic_kernel_is_the_papers_k_pe_with_the_lengthscale_as_period() -> None:
+    """Default periodic tasks use ``exp(-2 sin^2(pi |x - x'| / l))``: the oracle log-likelihood equals one computed
+    from that closed form; ``periodic="standard"`` uses ``exp(-2 sin^2(pi r / p) / l^2)`` with its drawn period."""
+    for form in ("paper", "standard"):
+        task = GP1D(kernels=("periodic",), min_context=5, max_context=5, num_targets=6, periodic=form)
+        batch = task.sample(3, gen(7))
+        x = torch.cat([batch.context[DEFAULT_SOURCE].x, batch.target.x], 1)[..., 0].double()
+        y = torch.cat([batch.context[DEFAULT_SOURCE].y, batch.target.y], 1)[..., 0].double()
+        ls, period = batch.extras["lengthscale"].double(), batch.extras["period"].double()
+        for b in range(3):
+            r = (x[b, :, None] - x[b, None, :]).abs()
+            if form == "paper":
+                assert period[b] == ls[b]
+                k = torch.exp(-2 * torch.sin(math.pi * r / ls[b]).square())
+            else:
+                k = torch.exp(-2 * torch.sin(math.pi * r / period[b]).square() / ls[b] ** 2)
+            k = k + task.jitter * torch.eye(11, dtype=torch.float64)
+            ctx = torch.arange(11) < 5
+            want = _reference_loglik(k, y[b], ctx, ~ctx, task.noise**2)
+            torch.testing.assert_close(batch.extras["oracle_loglik"][b].double(), want, atol=2e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match="periodic must be one of"):
+        GP1D(periodic="other")
+
+
 def test_ski_interpolation_is_exact_at_nodes_and_covariance_matches_se() -> None:
     grid = SKIGrid((-2.0, 2.0), 40, lengthscale=0.5)
     field = grid.sample(3, gen(0))

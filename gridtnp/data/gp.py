@@ -40,6 +40,8 @@ from gridtnp.data.tasks import (
 )
 from gridtnp.registry import ConfigError, register
 
+#: Forms of GP1D's periodic kernel: the TE-TNP paper's k_pe (period = length-scale) or the standard one.
+PERIODIC_FORMS = ("paper", "standard")
 #: The largest context + target count for which the 2-D tasks compute an exact oracle log-likelihood.
 MAX_ORACLE_POINTS = 2000
 
@@ -48,9 +50,11 @@ MAX_ORACLE_POINTS = 2000
 class GP1D:
     """1-D GP regression (TE-TNP): per task an SE / Matern-5/2 / periodic kernel, log-uniform length-scale, noise.
 
-    Length-scale ``l = exp(u)``, ``u ~ U[min_log_lengthscale, max_log_lengthscale]`` (default [log 0.25, log 4]);
-    the periodic kernel uses the same ``l`` (in the standard form, see :func:`kernel`) and a period
-    ``p ~ U[period_range]`` (default [0.5, 2]). Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
+    Length-scale ``l = exp(u)``, ``u ~ U[min_log_lengthscale, max_log_lengthscale]`` (default [log 0.25, log 4]).
+    The periodic kernel is, by default (``periodic="paper"``), the TE-TNP paper's
+    ``k_pe(x, x') = exp(-2 sin^2(pi |x - x'| / l))``: the length-scale is the period; ``periodic="standard"``
+    uses ``exp(-2 sin^2(pi |x - x'| / p) / l^2)`` with the same ``l`` and a period ``p ~ U[period_range]``.
+    Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
     (padded to the batch maximum), ``N_t = num_targets``; ``x_c ~ U[context_range]``, ``x_t ~ U[target_range]``.
     A range may be a union of intervals (the bimodal test: ``[[-4, -1], [1, 4]]``); ``shift`` (Delta) moves both
     ranges, the TE-TNP paper's shifted test sets (train with ``shift: 0``, test with ``shift: 1``).
@@ -62,7 +66,7 @@ class GP1D:
         kernels: kernel families drawn uniformly per task, a subset of ``se``, ``matern52``, ``periodic``.
         min_log_lengthscale: lower end of the log length-scale's uniform range.
         max_log_lengthscale: upper end of the log length-scale's uniform range.
-        period_range: range of the periodic kernel's period, drawn uniformly per task.
+        period_range: range of the periodic kernel's period, drawn uniformly per task (``periodic="standard"``).
         min_context: fewest context points of a task.
         max_context: most context points of a task (the batch is padded to its largest).
         num_targets: target points per task.
@@ -72,6 +76,7 @@ class GP1D:
         noise: standard deviation of the Gaussian observation noise.
         oracle: add the exact GP posterior predictive log-density per task (``extras["oracle_loglik"]``).
         jitter: added to the kernel matrix's diagonal for the Cholesky factorisation.
+        periodic: ``paper`` (k_pe, period = the length-scale) or ``standard`` (length-scale and a drawn period).
     """
 
     def __init__(
@@ -89,8 +94,12 @@ class GP1D:
         noise: float = 0.2,
         oracle: bool = True,
         jitter: float = 1e-6,
+        periodic: str = "paper",
     ) -> None:
         name = "gp1d"
+        if periodic not in PERIODIC_FORMS:
+            raise ConfigError(f"{name}: periodic must be one of {PERIODIC_FORMS}; got {periodic!r}.")
+        self.periodic = periodic
         self.kernels = tuple(kernels)
         unknown = [k for k in self.kernels if k not in KERNELS]
         if not self.kernels or unknown:
@@ -121,12 +130,14 @@ class GP1D:
         family = torch.randint(len(self.kernels), (b,), generator=g)
         lengthscale = uniform((b,), *self.log_lengthscale_range, g).exp()
         period = uniform((b,), *self.period_range, g)
+        if self.periodic == "paper":
+            period = lengthscale.clone()
         _, mask_c = random_sizes(b, self.min_context, self.max_context, g)
         nc, nt = mask_c.shape[1], self.num_targets
         x_c = uniform_union((b, nc, 1), self.context_range, g)
         x = torch.cat([x_c, uniform_union((b, nt, 1), self.target_range, g)], 1)
 
-        cov = mixed_kernel_matrix(x, family, lengthscale, period, self.kernels)
+        cov = mixed_kernel_matrix(x, family, lengthscale, period, self.kernels, self.periodic_lengthscale)
         chol, cov = jittered_cholesky(cov, self.jitter)
         f = chol @ torch.randn(b, nc + nt, 1, generator=g, dtype=torch.float64)
         y = f + self.noise * torch.randn(b, nc + nt, 1, generator=g, dtype=torch.float64)
@@ -141,6 +152,11 @@ class GP1D:
         target = Observations(x[:, nc:], y[:, nc:], mask_t, "target")
         return Batch({DEFAULT_SOURCE: context}, target, extras)
 
+    @property
+    def periodic_lengthscale(self) -> float | None:
+        """The periodic kernel's fixed length-scale: 1 for the paper's ``k_pe``, None (the task's ``l``) else."""
+        return 1.0 if self.periodic == "paper" else None
+
     def posterior(self, batch: Batch, x: Tensor) -> tuple[Tensor, Tensor] | None:
         """True GP posterior predictive mean and std of noisy observations at ``x [B, Q, 1]`` given the batch's
         context, ``[B, Q]`` each (float32); None when the batch does not carry its kernels (``oracle=False``)."""
@@ -152,7 +168,7 @@ class GP1D:
         xc, yc, mask = ctx.x.cpu().double(), ctx.y.cpu()[..., 0].double(), ctx.mask.cpu()
         x = x.cpu().double()
         joint = torch.cat([xc, x], 1)
-        cov = mixed_kernel_matrix(joint, family, lengthscale, period, self.kernels)
+        cov = mixed_kernel_matrix(joint, family, lengthscale, period, self.kernels, self.periodic_lengthscale)
         nc = xc.shape[1]
         k_tt = cov[:, nc:, nc:].diagonal(dim1=-2, dim2=-1)
         mean, var = posterior_predictive(

@@ -56,16 +56,28 @@ def kernel(family: str, lengthscale: Tensor, period: Tensor | None = None) -> gp
 
 
 def mixed_kernel_matrix(
-    x: Tensor, family: Tensor, lengthscale: Tensor, period: Tensor, families: Sequence[str]
+    x: Tensor,
+    family: Tensor,
+    lengthscale: Tensor,
+    period: Tensor,
+    families: Sequence[str],
+    periodic_lengthscale: float | None = None,
 ) -> Tensor:
-    """Covariance ``[B, N, N]`` of ``x [B, N, D]``, task b using kernel ``families[family[b]]``."""
+    """Covariance ``[B, N, N]`` of ``x [B, N, D]``, task b using kernel ``families[family[b]]``.
+
+    ``periodic_lengthscale``: the periodic kernel's length-scale for every task instead of ``lengthscale[b]``
+    (the TE-TNP paper's ``k_pe`` is the standard form with length-scale 1 and period ``l``).
+    """
     out = x.new_empty(x.shape[0], x.shape[1], x.shape[1], dtype=torch.float64)
     x = x.to(torch.float64)
-    for i, name in enumerate(families):
+    for i, name in enumerate(families):  # loop over kernel families, not tasks
         idx = (family == i).nonzero().squeeze(-1)
         if idx.numel():
+            ls = lengthscale[idx]
+            if name == "periodic" and periodic_lengthscale is not None:
+                ls = torch.full_like(ls, periodic_lengthscale)
             with torch.no_grad():
-                out[idx] = kernel(name, lengthscale[idx], period[idx]).forward(x[idx], x[idx])
+                out[idx] = kernel(name, ls, period[idx]).forward(x[idx], x[idx])
     return out
 
 
