@@ -27,6 +27,7 @@ from gridtnp.data.gp_kernels import (
     joint_predictive_loglik,
     mixed_kernel_matrix,
     posterior_predictive,
+    ski_grid_size,
 )
 from gridtnp.data.tasks import (
     check_positive,
@@ -182,12 +183,13 @@ class GP1D:
         return mean.float(), var.sqrt().float()
 
 
-def _check_ski(name: str, lengthscale: float, noise: float, grid_size: int, domain: tuple[float, float]) -> None:
+def _check_ski(name: str, lengthscale: float, noise: float, grid_size: int | None, domain: tuple[float, float]) -> int:
+    """Check the SKI arguments; return the grid size (the default: 4 nodes per length-scale)."""
     check_positive(name, "lengthscale", lengthscale)
     check_positive(name, "noise", noise, allow_zero=True)
-    if grid_size < 4 + 2 * SKI_MARGIN:
+    if grid_size is not None and grid_size < 4 + 2 * SKI_MARGIN:
         raise ConfigError(f"{name}: grid_size must be >= {4 + 2 * SKI_MARGIN}; got {grid_size}.")
-    check_range(name, "domain", domain)
+    return ski_grid_size(check_range(name, "domain", domain), lengthscale, grid_size)
 
 
 def _check_oracle(name: str, oracle: bool, noise: float, points: int) -> None:
@@ -215,7 +217,8 @@ class GP2D:
         num_targets: target points per task.
         min_context: null for exactly ``num_context`` context points; else the fewest, drawn uniformly per task.
         domain: ``(low, high)``: x is drawn uniformly from ``[low, high]^2``.
-        grid_size: points per dimension of the SKI interpolation grid the field is drawn on.
+        grid_size: points per dimension of the SKI interpolation grid the field is drawn on; null: 4 per length-scale
+            (an SE field to 0.002 in covariance); 100 is the paper's, too coarse for l = 0.1 over [-6, 6].
         oracle: add the exact posterior predictive log-density under the SKI covariance (at most 2,000 points).
         jitter: added to the per-dimension kernel matrices' diagonals for their Cholesky factors.
     """
@@ -228,12 +231,12 @@ class GP2D:
         num_targets: int = 1_000,
         min_context: int | None = None,
         domain: tuple[float, float] = (-6.0, 6.0),
-        grid_size: int = 100,
+        grid_size: int | None = None,
         oracle: bool = False,
         jitter: float = 1e-6,
     ) -> None:
         name = "gp2d"
-        _check_ski(name, lengthscale, noise, grid_size, domain)
+        grid_size = _check_ski(name, lengthscale, noise, grid_size, domain)
         check_sizes(
             name, "min_context", num_context if min_context is None else min_context, "num_context", num_context
         )
@@ -287,7 +290,8 @@ class GP2DMultimodal:
         max_context: most scattered context points of a task.
         num_targets: target points per task.
         domain: ``(low, high)``: the square ``[low, high]^2`` of the grid and the points.
-        grid_size: points per dimension of the SKI interpolation grid the fields are drawn on.
+        grid_size: points per dimension of the SKI interpolation grid the fields are drawn on; null: 4 per
+            length-scale.
         oracle: add the exact posterior predictive log-density under the SKI covariance.
         jitter: added to the per-dimension kernel matrices' diagonals for their Cholesky factors.
     """
@@ -302,12 +306,12 @@ class GP2DMultimodal:
         max_context: int = 500,
         num_targets: int = 250,
         domain: tuple[float, float] = (-3.0, 3.0),
-        grid_size: int = 64,
+        grid_size: int | None = None,
         oracle: bool = False,
         jitter: float = 1e-6,
     ) -> None:
         name = "gp2d_multimodal"
-        _check_ski(name, lengthscale, noise, grid_size, domain)
+        grid_size = _check_ski(name, lengthscale, noise, grid_size, domain)
         if not -1.0 <= correlation <= 1.0:
             raise ConfigError(f"{name}: correlation must lie in [-1, 1]; got {correlation}.")
         check_positive(name, "points_per_unit", points_per_unit)
