@@ -377,3 +377,19 @@ def test_swin_recipe_trains_one_step_on_a_sample_batch(tmp_path: Path, monkeypat
     optimiser.step()
     assert torch.isfinite(loss)
     assert any(not torch.equal(p0, p) for p0, p in zip(before, module.parameters(), strict=True))
+
+
+def test_station_locations_are_the_grid_points_their_values_come_from(tmp_path: Path, store: str) -> None:
+    """A CSV station up to half a cell off the grid gets the coordinates of the grid point whose value it carries."""
+    offsets = [(0.1, -0.12), (-0.12, 0.05), (0.06, 0.11)]
+    picks = [(1, 3), (4, 4), (6, 1)]
+    rows = [(LAT[i] + a, LON[j] + b) for (i, j), (a, b) in zip(picks, offsets, strict=True)]
+    dm = datamodule(store, write_stations(tmp_path / "off_grid.csv", rows), target="all")
+    batch = next(iter(dm.train_dataloader()))
+    t, hour = batch.target, batch.extras["hour"].numpy()
+    want = {(LAT[i], LON[j]) for i, j in picks}
+    assert {(round(a, 6), round(b, 6)) for a, b in t.x[0].double().tolist()} == want
+    # Each target's value is the store's at its x (the grid point), for every task.
+    x = t.x.double().numpy()
+    values = unnormalise(dm, t.y[..., 0])
+    np.testing.assert_allclose(values, expected_t2m(x[..., 0], x[..., 1], hour[:, None]), atol=1e-3)

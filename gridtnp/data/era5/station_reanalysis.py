@@ -198,10 +198,11 @@ class StationReanalysisDataModule(ERA5DataModule):
     before that hour, averaged over ``coarsen x coarsen`` blocks (NaN-aware), at the blocks' centres
     ``x = (lat, lon)`` in degrees, ``y [B, G, len(grid_variables)]``. Context ``"stations"``: a share
     ``~ U[context_fraction]`` of the distinct stations inside the store's box, ``y`` = ``station_variable`` at the
-    station's nearest grid point (values from ERA5, as in the paper), ``x`` = the station's own coordinates
-    from the CSV. Targets: the other stations (``held_out``) or all. Values are normalised with the store's
-    training-period statistics; NaNs are masked out (and zeroed). Stations snapping to a grid point that an earlier
-    station already has are dropped (``unique_grid_points``), so no target shares its value with a context station.
+    station's nearest grid point (values from ERA5, as in the paper), ``x`` = that grid point's coordinates (so a
+    value and its location agree; the CSV coordinates stay in ``station_table`` and the predictions). Targets: the
+    other stations (``held_out``) or all. Values are normalised with the store's training-period statistics; NaNs
+    are masked out (and zeroed). Stations snapping to a grid point that an earlier station already has are dropped
+    (``unique_grid_points``), so no target shares its value with a context station.
 
     ``extras`` per task: ``target_scale`` (the station variable's std: metrics in physical units),
     ``coarse_sq_err`` (mean squared normalised error of predicting each target by the coarse cell of the station
@@ -355,8 +356,9 @@ class StationReanalysisDataModule(ERA5DataModule):
         self.time_axis, self.box = ds.indexes["time"], (lat, lon)
         self.units = str(ds[self.station_variable].attrs.get("units", ""))
         self.long_name = str(ds[self.station_variable].attrs.get("long_name", self.station_variable))
-        station_x = kept[["latitude", "longitude"]].to_numpy(np.float64)
         station_index = np.stack([kept["lat_index"].to_numpy(np.int64), kept["lon_index"].to_numpy(np.int64)])
+        # x is the grid point the value is read from (as in the paper), not the CSV coordinate up to half a cell away.
+        station_x = np.stack([lat[station_index[0]], lon[station_index[1]]], -1).astype(np.float64)  # [S, 2]
 
         time = ds.indexes["time"]
         self.splits = {}
