@@ -393,3 +393,21 @@ def test_station_locations_are_the_grid_points_their_values_come_from(tmp_path: 
     x = t.x.double().numpy()
     values = unnormalise(dm, t.y[..., 0])
     np.testing.assert_allclose(values, expected_t2m(x[..., 0], x[..., 1], hour[:, None]), atol=1e-3)
+
+
+def test_statistics_over_validation_or_test_hours_are_refused(tmp_path: Path, stations: str) -> None:
+    """A store whose statistics cover the whole input (prepare's default) leaks the val/test hours: refused with a
+    message naming both periods, unless allow_stats_overlap or the statistics are given."""
+    source = tmp_path / "source.nc"
+    field().to_netcdf(source)
+    whole = str(prepare([source], tmp_path / "whole.zarr", time_chunk=CHUNK, progress=False))
+    with pytest.raises(DataError, match=r"2020-01-01T00:00.*2020-01-04T23:00.*val dates 2020-01-03 to 2020-01-03"):
+        datamodule(whole, stations)
+    dm = datamodule(whole, stations, allow_stats_overlap=True)
+    assert dm.task is not None
+    assert datamodule(whole, stations, stats={"t2m": [250.0, 1.0]}).task is not None
+    # Statistics over the training dates only (the store fixture) are accepted; a test split inside them is not.
+    train_only = str(prepare([source], tmp_path / "t.zarr", None, "2020-01-01", "2020-01-03", CHUNK, progress=False))
+    dates = {**DATES, "val_dates": ("2020-01-04", "2020-01-04"), "test_dates": ("2020-01-03", "2020-01-03")}
+    with pytest.raises(DataError, match=r"test dates 2020-01-03 to 2020-01-03.*allow_stats_overlap"):
+        datamodule(train_only, stations, **dates)

@@ -234,6 +234,8 @@ class StationReanalysisDataModule(ERA5DataModule):
             latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
         stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
             required for stores without them.
+        allow_stats_overlap: accept a store whose statistics were computed over validation or test hours (by
+            default that is refused: ``gridtnp data prepare --train-start/--train-end`` sets the period).
         predict_split: the split whose hours ``gridtnp predict`` covers, every hour in order.
         predict_context_fraction: the stations' context share for predictions (default: the middle of
             ``context_fraction``), drawn with a fixed seed.
@@ -267,6 +269,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         storage_options: dict[str, Any] | None = None,
         convert_layout: bool = False,
         stats: dict[str, Sequence[float]] | None = None,
+        allow_stats_overlap: bool = False,
         unique_grid_points: bool = True,
         predict_split: Literal["train", "val", "test"] = "test",
         predict_context_fraction: float | None = None,
@@ -285,6 +288,7 @@ class StationReanalysisDataModule(ERA5DataModule):
             storage_options=storage_options,
             convert_layout=convert_layout,
             stats=stats,
+            allow_stats_overlap=allow_stats_overlap,
         )
         where = "StationReanalysisDataModule"
         check_counts(
