@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -304,12 +305,8 @@ def test_physical_rmse_is_normalised_rmse_times_scale() -> None:
     mean = y + torch.randn(b, n, 1)
     scale = torch.tensor([2.0, 2.0, 2.0])
     ctx = {"stations": Observations(torch.randn(b, 2, 2), torch.randn(b, 2, 1))}
-    coarse, count = torch.tensor([0.5, 1.0, 2.0]), torch.tensor([3.0, 5.0, 5.0])
-    batch = Batch(
-        ctx,
-        Observations(torch.randn(b, n, 2), y, mask),
-        {"target_scale": scale, "coarse_sq_err": coarse, "num_targets": count},
-    )
+    coarse = torch.rand(b, n) * mask
+    batch = Batch(ctx, Observations(torch.randn(b, n, 2), y, mask), {"target_scale": scale, "coarse_sq_err": coarse})
     module = NeuralProcessModule(preset="cnp", dim=8, dim_x=2, dim_y={"stations": 1})
     module.forward = lambda batch: Normal(mean, torch.ones_like(mean))
     module._evaluate(batch, "test")
@@ -317,7 +314,7 @@ def test_physical_rmse_is_normalised_rmse_times_scale() -> None:
     rmse = ((mean - y)[mask].square().mean()).sqrt()
     torch.testing.assert_close(metrics["rmse"].compute(), rmse)
     torch.testing.assert_close(metrics["rmse_physical"].compute(), 2.0 * rmse)
-    torch.testing.assert_close(metrics["baseline_rmse_physical"].compute(), 2.0 * ((coarse * count).sum() / 13).sqrt())
+    torch.testing.assert_close(metrics["baseline_rmse_physical"].compute(), 2.0 * (coarse.sum() / 13).sqrt())
     # Per-task scales: errors are scaled before pooling over points.
     module.metrics["test"]["rmse_physical"].reset()
     batch.extras["target_scale"] = torch.tensor([1.0, 2.0, 3.0])
@@ -336,8 +333,8 @@ def test_coarse_baseline_matches_a_direct_computation(store: str, stations: str)
     pred = coarse[np.arange(4)[:, None], lat_i, lon_i]
     _, std = normalisation_stats(open_store(store), "t2m")
     err = ((pred - unnormalise(dm, t.y[..., 0])) / std) ** 2
-    want = np.where(t.mask.numpy(), err, 0).sum(1) / t.mask.sum(1).numpy()
-    np.testing.assert_allclose(batch.extras["coarse_sq_err"].numpy(), want, rtol=1e-4)
+    want = np.where(t.mask.numpy(), err, 0)
+    np.testing.assert_allclose(batch.extras["coarse_sq_err"].numpy(), want, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(batch.extras["target_scale"].numpy(), std, rtol=1e-6)
 
 
@@ -411,3 +408,29 @@ def test_statistics_over_validation_or_test_hours_are_refused(tmp_path: Path, st
     dates = {**DATES, "val_dates": ("2020-01-04", "2020-01-04"), "test_dates": ("2020-01-03", "2020-01-03")}
     with pytest.raises(DataError, match=r"test dates 2020-01-03 to 2020-01-03.*allow_stats_overlap"):
         datamodule(train_only, stations, **dates)
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")
+def test_baseline_rmse_is_cos_latitude_weighted_like_the_model_rmse() -> None:
+    """With cos_latitude_weighting, the baseline's RMSE weights each target by cos(latitude), as the model's."""
+    b, n = 2, 4
+    lat = torch.tensor([[0.0, 60.0, 80.0, 30.0], [45.0, 10.0, 70.0, 0.0]])
+    x = torch.stack([lat, torch.zeros(b, n)], -1)
+    y, mask = torch.zeros(b, n, 1), torch.tensor([[True, True, True, False], [True, True, True, True]])
+    coarse = torch.tensor([[1.0, 4.0, 9.0, 0.0], [0.25, 1.0, 16.0, 2.0]])
+    ctx = {"stations": Observations(torch.randn(b, 2, 2), torch.randn(b, 2, 1))}
+    batch = Batch(ctx, Observations(x, y, mask), {"target_scale": torch.tensor([2.0, 3.0]), "coarse_sq_err": coarse})
+    module = NeuralProcessModule(
+        preset="cnp", dim=8, dim_x=2, dim_y={"stations": 1}, cos_latitude_weighting=True, latitude_dim=0
+    )
+    module.forward = lambda batch: Normal(torch.zeros(b, n, 1), torch.ones(b, n, 1))
+    module._evaluate(batch, "test")
+    num, den = 0.0, 0.0
+    for i in range(b):  # by hand
+        for j in range(n):
+            if mask[i, j]:
+                wij = math.cos(math.radians(float(lat[i, j])))
+                num += wij * float(coarse[i, j]) * [4.0, 9.0][i]
+                den += wij
+    got = module.metrics["test"]["baseline_rmse_physical"].compute()
+    torch.testing.assert_close(got, torch.tensor(math.sqrt(num / den)))

@@ -125,10 +125,7 @@ class StationReanalysisTask:
         mask_t = mask_t & np.take_along_axis(station_ok, idx_t, 1)
 
         y_t = np.take_along_axis(station_y, idx_t, 1)
-        err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, np.nan) ** 2
-        num_targets = mask_t.sum(1)
-        with np.errstate(invalid="ignore"):
-            coarse_sq_err = np.where(num_targets > 0, np.nanmean(np.where(mask_t, err, np.nan), axis=1), 0.0)
+        coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, 0.0) ** 2  # [B, Nt]
         context = {
             "grid": masked_observations(self.grid_x.expand(b, -1, -1), y_grid, grid_ok, "context['grid']"),
             "stations": masked_observations(
@@ -149,7 +146,6 @@ class StationReanalysisTask:
             return Batch(context, target, extras)
         target = masked_observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
         extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
-        extras["num_targets"] = torch.from_numpy(num_targets.astype(np.float32))
         if share is not None:
             is_context = np.zeros((b, s), dtype=bool)
             np.put_along_axis(is_context, idx_c, mask_c, axis=1)
@@ -205,8 +201,8 @@ class StationReanalysisDataModule(ERA5DataModule):
     (``unique_grid_points``), so no target shares its value with a context station.
 
     ``extras`` per task: ``target_scale`` (the station variable's std: metrics in physical units),
-    ``coarse_sq_err`` (mean squared normalised error of predicting each target by the coarse cell of the station
-    variable containing it, at the grid time), ``num_targets`` and ``hour`` (index into the store's time axis).
+    ``coarse_sq_err [B, Nt]`` (squared normalised error of predicting each target by the coarse cell of the station
+    variable containing it, at the grid time; 0 for masked targets) and ``hour`` (index into the store's time axis).
 
     Args:
         store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample once into
