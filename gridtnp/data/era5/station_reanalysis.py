@@ -1,4 +1,4 @@
-"""Station + reanalysis tasks (the gridded TNP paper's t2m experiment): ``StationReanalysisDataModule``
+"""Station + reanalysis tasks (the gridded TNP paper's station experiment): ``StationReanalysisDataModule``
 (registered as ``era5_stations``) and its sampler ``StationReanalysisTask``.
 
 A task is one hour: context ``"grid"`` (coarsened ERA5, ``x [B, G, 2]`` = (lat, lon), ``y [B, G, V]``) and
@@ -188,7 +188,8 @@ class _PredictSet(Dataset):
 class StationReanalysisDataModule(ERA5DataModule):
     """Station + reanalysis tasks: coarse ERA5 on the grid and some stations as context, other stations as targets.
 
-    The gridded TNP paper's t2m experiment, with t2m rather than skt on the grid (a downscaling variant).
+    The gridded TNP paper's station experiment has skt on the grid and t2m at the stations (``grid_variables:
+    [skt]``); the default ``[t2m]`` (the embedded sample's only variable) makes it a downscaling variant.
 
     Each task is one random hour of the split. Context ``"grid"``: every grid variable at ``time_offset_hours``
     before that hour, averaged over ``coarsen x coarsen`` blocks (NaN-aware), at the blocks' centres
