@@ -50,6 +50,12 @@ RECIPE_PARAMETERS = {
     "gp2d_vit_pt_patch.yaml": 1356418,
     "sawtooth1d_tnp.yaml": 1060098,
     "sawtooth2d_te_tnp_rotation.yaml": 320760,
+    "gp2d_paper_cnp.yaml": 231682,
+    "gp2d_paper_convcnp.yaml": 2123654,
+    "gp2d_paper_pt_tnp_ist.yaml": 1624322,
+    "gp2d_paper_swin_ki.yaml": 1109636,
+    "gp2d_paper_swin_pt.yaml": 1323522,
+    "gp2d_paper_vit.yaml": 1389186,
 }
 
 PRESET_PARAMETERS = {
