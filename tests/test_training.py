@@ -47,7 +47,9 @@ def test_tiny_tnp_learns_1d_gp(tmp_path):
     )
     trainer.fit(module, data)
     after = mean_val_loglik(module, data)
-    assert after > before + 0.3, (before, after)
+    # 60 steps gain 0.23 nats (-1.42 -> -1.18) with the paper's two-hidden-layer head and k_pe periodic tasks
+    # (0.3 with the old one-hidden-layer head and standard periodic kernel); an untrained model gains nothing.
+    assert after > before + 0.2, (before, after)
 
 
 def test_validation_metrics_are_logged():
