@@ -155,7 +155,10 @@ def test_every_synthetic_recipe_builds_and_runs_a_batch(recipe):
 
     config = yaml.safe_load(recipe.read_text())
     module = NeuralProcessModule(**config["model"]["init_args"])
-    task = build_from_spec("task", config["data"]["init_args"]["task"])
+    task_spec = config["data"]["init_args"]["task"]
+    if task_spec["name"] == "gp2d":  # 1,000 of the 10,000 context points: the same code paths, a tenth of the time
+        task_spec = {**task_spec, "num_context": 1_000}
+    task = build_from_spec("task", task_spec)
     batch = task.sample(2, torch.Generator().manual_seed(0))
     loss = -log_likelihood(module(batch), batch.target.y, batch.target.valid()).mean()
     loss.backward()
