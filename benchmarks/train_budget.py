@@ -1,7 +1,7 @@
 """Train several recipes for the same wall-clock budget and compare them on the same fixed test set.
 
-    python benchmarks/train_budget.py recipes/gp2d_swin_pt.yaml recipes/gp2d_convcnp.yaml recipes/gp2d_pt_tnp.yaml \
-        --minutes 10 --out benchmarks/results/gp2d_budget_cpu.md
+    python benchmarks/train_budget.py recipes/gp2d_paper_swin_pt.yaml recipes/gp2d_paper_convcnp.yaml \
+        recipes/gp2d_paper_pt_tnp_ist.yaml --minutes 10 --out benchmarks/results/gp2d_paper_budget_cpu.md
 
 Each recipe is trained from its own seed with the recipe's data module, optimiser and batch size, for
 ``--minutes`` of wall-clock time (Lightning's ``max_time``), without validation during training; then the

@@ -29,10 +29,11 @@ class NeuralProcessModule(L.LightningModule):
     ``calibration_logdensity`` (mean log N(z; 0, 1) of the standardised errors, -1.419 when calibrated),
     ``coverage_50`` and ``coverage_90`` (share of targets in the central 50 % / 90 % predictive intervals).
     With ``extras["target_scale"]`` ``[B]``: ``rmse_physical``, ``mae_physical``, ``crps_physical`` (normalised
-    values times the scale); with ``extras["coarse_sq_err"]`` (a baseline's per-task mean squared normalised error,
-    weighted by ``extras["num_targets"]``) ``baseline_rmse_physical``; with ``extras["oracle_loglik"]`` ``[B]``
-    ``oracle_loglik``. Point metrics pool all target points of all tasks; ``cos_latitude_weighting`` weights each
-    point (also in ``loglik``, not in the training loss) by the cosine of its latitude ``x[..., latitude_dim]``.
+    values times the scale); with ``extras["coarse_sq_err"]`` ``[B, Nt]`` (a baseline's squared normalised error
+    per target, pooled with the same point weights as the model's) ``baseline_rmse_physical``; with
+    ``extras["oracle_loglik"]`` ``[B]`` ``oracle_loglik``. Point metrics pool all target points of all tasks;
+    ``cos_latitude_weighting`` weights each point (also in ``loglik`` and the baseline, not in the training loss)
+    by the cosine of its latitude ``x[..., latitude_dim]``.
 
     The model arguments are the five slots of ``gridtnp.models.build_model`` (each a mapping with a
     registered ``name``), the shared sizes, or a ``preset`` name whose slots they override.
@@ -181,8 +182,9 @@ class NeuralProcessModule(L.LightningModule):
                 metrics[name].update(mean, std, y, weight, scale)
             names += PHYSICAL_METRICS
             if "coarse_sq_err" in batch.extras:
-                count = batch.extras.get("num_targets", torch.ones_like(scale)).float()
-                metrics["baseline_rmse_physical"].update(batch.extras["coarse_sq_err"] * scale.float().square(), count)
+                # Per-target squared errors [B, Nt] of the baseline, weighted as the model's (cos-latitude too).
+                sq_err = batch.extras["coarse_sq_err"].float() * scale.float().view(-1, 1).square()
+                metrics["baseline_rmse_physical"].update(sq_err, weight)
                 names.append("baseline_rmse_physical")
         if "oracle_loglik" in batch.extras:
             metrics["oracle_loglik"].update(batch.extras["oracle_loglik"])

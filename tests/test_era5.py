@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -304,12 +305,8 @@ def test_physical_rmse_is_normalised_rmse_times_scale() -> None:
     mean = y + torch.randn(b, n, 1)
     scale = torch.tensor([2.0, 2.0, 2.0])
     ctx = {"stations": Observations(torch.randn(b, 2, 2), torch.randn(b, 2, 1))}
-    coarse, count = torch.tensor([0.5, 1.0, 2.0]), torch.tensor([3.0, 5.0, 5.0])
-    batch = Batch(
-        ctx,
-        Observations(torch.randn(b, n, 2), y, mask),
-        {"target_scale": scale, "coarse_sq_err": coarse, "num_targets": count},
-    )
+    coarse = torch.rand(b, n) * mask
+    batch = Batch(ctx, Observations(torch.randn(b, n, 2), y, mask), {"target_scale": scale, "coarse_sq_err": coarse})
     module = NeuralProcessModule(preset="cnp", dim=8, dim_x=2, dim_y={"stations": 1})
     module.forward = lambda batch: Normal(mean, torch.ones_like(mean))
     module._evaluate(batch, "test")
@@ -317,7 +314,7 @@ def test_physical_rmse_is_normalised_rmse_times_scale() -> None:
     rmse = ((mean - y)[mask].square().mean()).sqrt()
     torch.testing.assert_close(metrics["rmse"].compute(), rmse)
     torch.testing.assert_close(metrics["rmse_physical"].compute(), 2.0 * rmse)
-    torch.testing.assert_close(metrics["baseline_rmse_physical"].compute(), 2.0 * ((coarse * count).sum() / 13).sqrt())
+    torch.testing.assert_close(metrics["baseline_rmse_physical"].compute(), 2.0 * (coarse.sum() / 13).sqrt())
     # Per-task scales: errors are scaled before pooling over points.
     module.metrics["test"]["rmse_physical"].reset()
     batch.extras["target_scale"] = torch.tensor([1.0, 2.0, 3.0])
@@ -336,8 +333,8 @@ def test_coarse_baseline_matches_a_direct_computation(store: str, stations: str)
     pred = coarse[np.arange(4)[:, None], lat_i, lon_i]
     _, std = normalisation_stats(open_store(store), "t2m")
     err = ((pred - unnormalise(dm, t.y[..., 0])) / std) ** 2
-    want = np.where(t.mask.numpy(), err, 0).sum(1) / t.mask.sum(1).numpy()
-    np.testing.assert_allclose(batch.extras["coarse_sq_err"].numpy(), want, rtol=1e-4)
+    want = np.where(t.mask.numpy(), err, 0)
+    np.testing.assert_allclose(batch.extras["coarse_sq_err"].numpy(), want, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(batch.extras["target_scale"].numpy(), std, rtol=1e-6)
 
 
@@ -377,3 +374,63 @@ def test_swin_recipe_trains_one_step_on_a_sample_batch(tmp_path: Path, monkeypat
     optimiser.step()
     assert torch.isfinite(loss)
     assert any(not torch.equal(p0, p) for p0, p in zip(before, module.parameters(), strict=True))
+
+
+def test_station_locations_are_the_grid_points_their_values_come_from(tmp_path: Path, store: str) -> None:
+    """A CSV station up to half a cell off the grid gets the coordinates of the grid point whose value it carries."""
+    offsets = [(0.1, -0.12), (-0.12, 0.05), (0.06, 0.11)]
+    picks = [(1, 3), (4, 4), (6, 1)]
+    rows = [(LAT[i] + a, LON[j] + b) for (i, j), (a, b) in zip(picks, offsets, strict=True)]
+    dm = datamodule(store, write_stations(tmp_path / "off_grid.csv", rows), target="all")
+    batch = next(iter(dm.train_dataloader()))
+    t, hour = batch.target, batch.extras["hour"].numpy()
+    want = {(LAT[i], LON[j]) for i, j in picks}
+    assert {(round(a, 6), round(b, 6)) for a, b in t.x[0].double().tolist()} == want
+    # Each target's value is the store's at its x (the grid point), for every task.
+    x = t.x.double().numpy()
+    values = unnormalise(dm, t.y[..., 0])
+    np.testing.assert_allclose(values, expected_t2m(x[..., 0], x[..., 1], hour[:, None]), atol=1e-3)
+
+
+def test_statistics_over_validation_or_test_hours_are_refused(tmp_path: Path, stations: str) -> None:
+    """A store whose statistics cover the whole input (prepare's default) leaks the val/test hours: refused with a
+    message naming both periods, unless allow_stats_overlap or the statistics are given."""
+    source = tmp_path / "source.nc"
+    field().to_netcdf(source)
+    whole = str(prepare([source], tmp_path / "whole.zarr", time_chunk=CHUNK, progress=False))
+    with pytest.raises(DataError, match=r"2020-01-01T00:00.*2020-01-04T23:00.*val dates 2020-01-03 to 2020-01-03"):
+        datamodule(whole, stations)
+    dm = datamodule(whole, stations, allow_stats_overlap=True)
+    assert dm.task is not None
+    assert datamodule(whole, stations, stats={"t2m": [250.0, 1.0]}).task is not None
+    # Statistics over the training dates only (the store fixture) are accepted; a test split inside them is not.
+    train_only = str(prepare([source], tmp_path / "t.zarr", None, "2020-01-01", "2020-01-03", CHUNK, progress=False))
+    dates = {**DATES, "val_dates": ("2020-01-04", "2020-01-04"), "test_dates": ("2020-01-03", "2020-01-03")}
+    with pytest.raises(DataError, match=r"test dates 2020-01-03 to 2020-01-03.*allow_stats_overlap"):
+        datamodule(train_only, stations, **dates)
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log")
+def test_baseline_rmse_is_cos_latitude_weighted_like_the_model_rmse() -> None:
+    """With cos_latitude_weighting, the baseline's RMSE weights each target by cos(latitude), as the model's."""
+    b, n = 2, 4
+    lat = torch.tensor([[0.0, 60.0, 80.0, 30.0], [45.0, 10.0, 70.0, 0.0]])
+    x = torch.stack([lat, torch.zeros(b, n)], -1)
+    y, mask = torch.zeros(b, n, 1), torch.tensor([[True, True, True, False], [True, True, True, True]])
+    coarse = torch.tensor([[1.0, 4.0, 9.0, 0.0], [0.25, 1.0, 16.0, 2.0]])
+    ctx = {"stations": Observations(torch.randn(b, 2, 2), torch.randn(b, 2, 1))}
+    batch = Batch(ctx, Observations(x, y, mask), {"target_scale": torch.tensor([2.0, 3.0]), "coarse_sq_err": coarse})
+    module = NeuralProcessModule(
+        preset="cnp", dim=8, dim_x=2, dim_y={"stations": 1}, cos_latitude_weighting=True, latitude_dim=0
+    )
+    module.forward = lambda batch: Normal(torch.zeros(b, n, 1), torch.ones(b, n, 1))
+    module._evaluate(batch, "test")
+    num, den = 0.0, 0.0
+    for i in range(b):  # by hand
+        for j in range(n):
+            if mask[i, j]:
+                wij = math.cos(math.radians(float(lat[i, j])))
+                num += wij * float(coarse[i, j]) * [4.0, 9.0][i]
+                den += wij
+    got = module.metrics["test"]["baseline_rmse_physical"].compute()
+    torch.testing.assert_close(got, torch.tensor(math.sqrt(num / den)))

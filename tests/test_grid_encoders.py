@@ -88,7 +88,8 @@ def naive_block(enc: PseudoTokenGridEncoder, q: torch.Tensor, kv: torch.Tensor) 
 
 
 def naive_pseudo_token(enc: PseudoTokenGridEncoder, t: Tokens, cap: int | None = None) -> torch.Tensor:
-    """Loop over tasks and cells: each cell's pseudo-token attends to the points that have it among their k nearest."""
+    """Loop over tasks and cells: each cell's pseudo-token attends to the points that have it among their k nearest
+    (and, with ``self_key``, to itself, as the reference code's ``concatenate_x_grid``)."""
     b, n, _ = t.z.shape
     grid = enc.grid
     m, dim = grid.num_points, enc.pseudo_tokens.shape[-1]
@@ -101,6 +102,8 @@ def naive_pseudo_token(enc: PseudoTokenGridEncoder, t: Tokens, cap: int | None =
             if cap is not None:  # keep the cap nearest points to the cell
                 members = sorted(members, key=lambda i: cell_distances(t.x[bi, i].tolist(), grid)[c])[:cap]
             kv = enc.proj_in(t.z[bi, members]) if members else torch.zeros(0, dim)
+            if enc.self_key:
+                kv = torch.cat([u0[c : c + 1], kv])
             out[bi, c] = naive_block(enc, u0[c], kv)
     return out.reshape(b, *grid.shape, dim)
 
@@ -164,8 +167,31 @@ def test_pseudo_token_padding_cap_and_order() -> None:
     torch.testing.assert_close(enc({"p": shuffled}).tokens, capped)
 
 
-def test_pseudo_token_empty_context_and_gradients() -> None:
+@pytest.mark.parametrize("self_key", [True, False])
+def test_pseudo_token_self_key_and_cap_match_naive_loop(self_key: bool) -> None:
+    enc = PseudoTokenGridEncoder(GRID, dim=16, in_dim=3, k=3, heads=2, head_dim=8, mlp_dim=32, self_key=self_key)
+    enc.max_tokens_per_cell = 2
+    t = random_tokens(2, 40, 3, GRID, valid=[40, 13])
+    torch.testing.assert_close(enc({"p": t}).tokens, naive_pseudo_token(enc, t, cap=2), atol=1e-5, rtol=1e-4)
+
+
+def test_pseudo_token_empty_cells_attend_to_their_own_initial_token() -> None:
+    """With self_key (the default) an empty cell's attention output is W_O v(u0_m), not zero."""
     enc = PseudoTokenGridEncoder(GRID, dim=16, heads=2, head_dim=8, mlp_dim=32)
+    assert enc.self_key
+    t = Tokens(torch.zeros(1, 0, 2), torch.zeros(1, 0, 16), torch.zeros(1, 0).bool())
+    out = enc({"p": t}).tokens[0].reshape(-1, 16)
+    u0 = enc.pseudo_tokens.reshape(-1, 16)
+    blk, attn = enc.block, enc.block.attn
+    _, v = (attn.to_kv(blk.norm_kv(u0))).chunk(2, dim=-1)  # softmax over one key is 1: the output is its value
+    u = u0 + attn.out(v)
+    torch.testing.assert_close(out, u + blk.mlp(blk.norm2(u)), atol=1e-5, rtol=1e-5)
+    zero_update = u0 + blk.mlp(blk.norm2(u0))
+    assert (out - zero_update).abs().amax(-1).min() > 1e-3  # every empty cell moved
+
+
+def test_pseudo_token_empty_context_and_gradients() -> None:
+    enc = PseudoTokenGridEncoder(GRID, dim=16, heads=2, head_dim=8, mlp_dim=32, self_key=False)
     u0 = enc.pseudo_tokens
     prior = u0 + enc.block.mlp(enc.block.norm2(u0))
     for n in (0, 4):  # no points at all, and only padding

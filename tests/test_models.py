@@ -141,3 +141,21 @@ def test_preset_overrides_merge_into_slots():
     model = create_model("tnp", dim=32, layers=2, likelihood={"name": "homoscedastic"})
     assert model.processor.num_states == 2 and len(model.grid_decoder.blocks) == 2
     assert type(model.likelihood).__name__ == "HomoscedasticLikelihood"
+
+
+def test_gaussian_head_has_two_hidden_layers_as_the_te_tnp_paper():
+    """The default head is Linear-GELU-Linear-GELU-Linear (two hidden layers); checked against the layers by hand."""
+    from torch.nn import functional as F
+
+    from gridtnp.nn.likelihoods import GaussianLikelihood
+
+    torch.manual_seed(0)
+    head = GaussianLikelihood(dim=8, dim_y=2, min_noise=1e-3)
+    linears = [m for m in head.head if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(8, 8), (8, 8), (8, 4)]
+    z = torch.randn(3, 5, 8)
+    h = F.gelu(linears[1](F.gelu(linears[0](z))))
+    mean, raw = linears[2](h).chunk(2, -1)
+    dist = head(z)
+    torch.testing.assert_close(dist.mean, mean)
+    torch.testing.assert_close(dist.stddev, (F.softplus(raw) + 1e-3).sqrt())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 from gridtnp.nn.attention import SelfAttentionBlock
 from gridtnp.nn.grids import Grid
-from gridtnp.nn.processors import SwinProcessor, ViTProcessor
+from gridtnp.nn.processors import SwinProcessor, TEPerceiverProcessor, ViTProcessor
 from gridtnp.nn.tokens import Latent
 from gridtnp.registry import build_from_spec
 
@@ -242,3 +243,28 @@ def test_vit_errors_are_actionable():
     proc = ViTProcessor(make_grid((8, 8)), patch=2, **SMALL)
     with pytest.raises(ValueError, match=r"built for grid shape \[8, 8\]"):
         proc(Latent(torch.randn(1, 8, 6, 16)))
+
+
+def test_te_perceiver_initial_locations_follow_eq_11_with_the_learned_offset():
+    """Eq. 11: ``x_u_m = v0_m + sum_n softmax_n(q(u_m) . k(z_n) / sqrt(Dh)) x_n``, written as a loop; with the
+    offset the pseudo-locations can leave the convex hull of the context."""
+    torch.manual_seed(0)
+    proc = TEPerceiverProcessor(dim=16, dim_x=2, num_tokens=3, layers=1, heads=2, head_dim=8, mlp_dim=16)
+    with torch.no_grad():
+        proc.location_offset.copy_(torch.tensor([[5.0, -4.0], [0.0, 0.0], [-3.0, 2.0]]))
+    b, n = 2, 5
+    zc, xc = torch.randn(b, n, 16), torch.rand(b, n, 2)
+    mask = torch.ones(b, n, dtype=torch.bool)
+    mask[1, 3:] = False
+    u = proc.initial(b, zc.dtype)
+    got = proc.initial_locations(u, zc, xc, mask)
+    want = torch.zeros(b, 3, 2)
+    for i in range(b):
+        for m in range(3):
+            q = proc.location_query(u[i, m])
+            valid = [j for j in range(n) if mask[i, j]]
+            logits = torch.stack([q @ proc.location_key(zc[i, j]) / math.sqrt(8) for j in valid])
+            weights = torch.softmax(logits, 0)
+            want[i, m] = proc.location_offset[m] + sum(w * xc[i, j] for w, j in zip(weights, valid, strict=True))
+    torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
+    assert (got[:, 0, 0] > 1.0).all()  # outside the context's hull [0, 1]^2

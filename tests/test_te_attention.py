@@ -149,3 +149,66 @@ def test_cpu_chunks_release_freed_memory_periodically(monkeypatch):
     assert len(calls) == 3
     map_query_chunks(lambda s, e: s, num_queries=n, num_keys=1, max_pairs=1, cpu=False)
     assert len(calls) == 3
+
+
+def paper_te_attention(attn: TEAttention, zq, zk, xq, xk, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """TE-TNP eqs. 7, 8 and 10 written from the paper, one (task, query, key) at a time, with ``attn``'s weights.
+
+    Eq. 7 (post): ``logit_hnm = rho_h(q_hn . k_hm / sqrt(Dh) over h, x_n - x_m)``; (pre): ``q_hn . k_hm / sqrt(Dh)
+    + rho_h(x_n - x_m)``. Eq. 8: ``z_n = W_O cat_h sum_m alpha_hnm v_hm`` with ``alpha_hn = softmax_m(logit_hn)``
+    over valid keys. Eq. 10: ``dx_n = (1 / N) sum_m (x_n - x_m) phi(alpha_nm)``, ``alpha_nm`` the vector over heads.
+    """
+    b, nq, _ = zq.shape
+    nk = zk.shape[1]
+    h, dh = attn.heads, attn.head_dim
+    outs, dxs = torch.zeros(b, nq, zq.shape[-1]), torch.zeros(b, nq, xq.shape[-1])
+    for i in range(b):
+        q = attn.to_q(zq[i]).view(nq, h, dh)
+        k, v = (t.view(nk, h, dh) for t in attn.to_kv(zk[i]).chunk(2, -1))
+        keys = [m for m in range(nk) if mask[i, m]]
+        if not keys:
+            continue
+        for n in range(nq):
+            logits = []
+            for m in keys:
+                dots = torch.stack([q[n, j] @ k[m, j] for j in range(h)]) / math.sqrt(dh)
+                rel = xq[i, n] - xk[i, m]
+                if attn.variant == "post":
+                    logits.append(attn.rho(torch.cat([dots, rel])))
+                else:
+                    logits.append(dots + attn.rho(rel))
+            alpha = torch.softmax(torch.stack(logits), dim=0)  # [N, H], softmax over keys per head
+            heads = torch.stack([sum(alpha[j, hh] * v[m, hh] for j, m in enumerate(keys)) for hh in range(h)])
+            outs[i, n] = attn.out(heads.flatten())
+            moves = [(xq[i, n] - xk[i, m]) * attn.phi(alpha[j]) for j, m in enumerate(keys)]
+            dxs[i, n] = sum(moves) / len(keys)
+    return outs, dxs
+
+
+@pytest.mark.parametrize("variant", ["post", "pre"])
+def test_te_attention_matches_the_papers_equations(variant):
+    """Output (eqs. 7-8) and location update (eq. 10, phi of the softmax weights) equal the paper's loop."""
+    torch.manual_seed(3)
+    attn = TEAttention(DIM, 2, HEADS, HEAD_DIM, variant, update_locations=True, max_pairs=None)
+    zq, zk, xq, xk, mask = inputs(nq=5, nk=6)
+    with torch.no_grad():
+        out, dx = attn(zq, zk, xq, xk, mask)
+        want_out, want_dx = paper_te_attention(attn, zq, zk, xq, xk, mask)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(dx, want_dx, atol=1e-5, rtol=1e-4)
+
+
+def test_location_update_ignores_a_constant_added_to_every_logit():
+    """Eq. 10 depends on the logits through the softmax weights only: shifting rho's output bias by a constant
+    changes neither the attention output nor the location update."""
+    torch.manual_seed(4)
+    attn = TEAttention(DIM, 2, HEADS, HEAD_DIM, "post", update_locations=True)
+    shifted = copy.deepcopy(attn)
+    with torch.no_grad():
+        shifted.rho[-1].bias += 3.0
+    zq, zk, xq, xk, mask = inputs()
+    with torch.no_grad():
+        out, dx = attn(zq, zk, xq, xk, mask)
+        out_s, dx_s = shifted(zq, zk, xq, xk, mask)
+    torch.testing.assert_close(out_s, out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dx_s, dx, atol=1e-5, rtol=1e-5)

@@ -27,6 +27,7 @@ from gridtnp.data.gp_kernels import (
     joint_predictive_loglik,
     mixed_kernel_matrix,
     posterior_predictive,
+    ski_grid_size,
 )
 from gridtnp.data.tasks import (
     check_positive,
@@ -40,6 +41,8 @@ from gridtnp.data.tasks import (
 )
 from gridtnp.registry import ConfigError, register
 
+#: Forms of GP1D's periodic kernel: the TE-TNP paper's k_pe (period = length-scale) or the standard one.
+PERIODIC_FORMS = ("paper", "standard")
 #: The largest context + target count for which the 2-D tasks compute an exact oracle log-likelihood.
 MAX_ORACLE_POINTS = 2000
 
@@ -48,9 +51,11 @@ MAX_ORACLE_POINTS = 2000
 class GP1D:
     """1-D GP regression (TE-TNP): per task an SE / Matern-5/2 / periodic kernel, log-uniform length-scale, noise.
 
-    Length-scale ``l = exp(u)``, ``u ~ U[min_log_lengthscale, max_log_lengthscale]`` (default [log 0.25, log 4]);
-    the periodic kernel uses the same ``l`` (in the standard form, see :func:`kernel`) and a period
-    ``p ~ U[period_range]`` (default [0.5, 2]). Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
+    Length-scale ``l = exp(u)``, ``u ~ U[min_log_lengthscale, max_log_lengthscale]`` (default [log 0.25, log 4]).
+    The periodic kernel is, by default (``periodic="paper"``), the TE-TNP paper's
+    ``k_pe(x, x') = exp(-2 sin^2(pi |x - x'| / l))``: the length-scale is the period; ``periodic="standard"``
+    uses ``exp(-2 sin^2(pi |x - x'| / p) / l^2)`` with the same ``l`` and a period ``p ~ U[period_range]``.
+    Output scale 1. ``N_c ~ U{min_context..max_context}`` per task
     (padded to the batch maximum), ``N_t = num_targets``; ``x_c ~ U[context_range]``, ``x_t ~ U[target_range]``.
     A range may be a union of intervals (the bimodal test: ``[[-4, -1], [1, 4]]``); ``shift`` (Delta) moves both
     ranges, the TE-TNP paper's shifted test sets (train with ``shift: 0``, test with ``shift: 1``).
@@ -62,7 +67,7 @@ class GP1D:
         kernels: kernel families drawn uniformly per task, a subset of ``se``, ``matern52``, ``periodic``.
         min_log_lengthscale: lower end of the log length-scale's uniform range.
         max_log_lengthscale: upper end of the log length-scale's uniform range.
-        period_range: range of the periodic kernel's period, drawn uniformly per task.
+        period_range: range of the periodic kernel's period, drawn uniformly per task (``periodic="standard"``).
         min_context: fewest context points of a task.
         max_context: most context points of a task (the batch is padded to its largest).
         num_targets: target points per task.
@@ -72,6 +77,7 @@ class GP1D:
         noise: standard deviation of the Gaussian observation noise.
         oracle: add the exact GP posterior predictive log-density per task (``extras["oracle_loglik"]``).
         jitter: added to the kernel matrix's diagonal for the Cholesky factorisation.
+        periodic: ``paper`` (k_pe, period = the length-scale) or ``standard`` (length-scale and a drawn period).
     """
 
     def __init__(
@@ -89,8 +95,12 @@ class GP1D:
         noise: float = 0.2,
         oracle: bool = True,
         jitter: float = 1e-6,
+        periodic: str = "paper",
     ) -> None:
         name = "gp1d"
+        if periodic not in PERIODIC_FORMS:
+            raise ConfigError(f"{name}: periodic must be one of {PERIODIC_FORMS}; got {periodic!r}.")
+        self.periodic = periodic
         self.kernels = tuple(kernels)
         unknown = [k for k in self.kernels if k not in KERNELS]
         if not self.kernels or unknown:
@@ -121,12 +131,14 @@ class GP1D:
         family = torch.randint(len(self.kernels), (b,), generator=g)
         lengthscale = uniform((b,), *self.log_lengthscale_range, g).exp()
         period = uniform((b,), *self.period_range, g)
+        if self.periodic == "paper":
+            period = lengthscale.clone()
         _, mask_c = random_sizes(b, self.min_context, self.max_context, g)
         nc, nt = mask_c.shape[1], self.num_targets
         x_c = uniform_union((b, nc, 1), self.context_range, g)
         x = torch.cat([x_c, uniform_union((b, nt, 1), self.target_range, g)], 1)
 
-        cov = mixed_kernel_matrix(x, family, lengthscale, period, self.kernels)
+        cov = mixed_kernel_matrix(x, family, lengthscale, period, self.kernels, self.periodic_lengthscale)
         chol, cov = jittered_cholesky(cov, self.jitter)
         f = chol @ torch.randn(b, nc + nt, 1, generator=g, dtype=torch.float64)
         y = f + self.noise * torch.randn(b, nc + nt, 1, generator=g, dtype=torch.float64)
@@ -141,6 +153,11 @@ class GP1D:
         target = Observations(x[:, nc:], y[:, nc:], mask_t, "target")
         return Batch({DEFAULT_SOURCE: context}, target, extras)
 
+    @property
+    def periodic_lengthscale(self) -> float | None:
+        """The periodic kernel's fixed length-scale: 1 for the paper's ``k_pe``, None (the task's ``l``) else."""
+        return 1.0 if self.periodic == "paper" else None
+
     def posterior(self, batch: Batch, x: Tensor) -> tuple[Tensor, Tensor] | None:
         """True GP posterior predictive mean and std of noisy observations at ``x [B, Q, 1]`` given the batch's
         context, ``[B, Q]`` each (float32); None when the batch does not carry its kernels (``oracle=False``)."""
@@ -152,7 +169,7 @@ class GP1D:
         xc, yc, mask = ctx.x.cpu().double(), ctx.y.cpu()[..., 0].double(), ctx.mask.cpu()
         x = x.cpu().double()
         joint = torch.cat([xc, x], 1)
-        cov = mixed_kernel_matrix(joint, family, lengthscale, period, self.kernels)
+        cov = mixed_kernel_matrix(joint, family, lengthscale, period, self.kernels, self.periodic_lengthscale)
         nc = xc.shape[1]
         k_tt = cov[:, nc:, nc:].diagonal(dim1=-2, dim2=-1)
         mean, var = posterior_predictive(
@@ -166,12 +183,13 @@ class GP1D:
         return mean.float(), var.sqrt().float()
 
 
-def _check_ski(name: str, lengthscale: float, noise: float, grid_size: int, domain: tuple[float, float]) -> None:
+def _check_ski(name: str, lengthscale: float, noise: float, grid_size: int | None, domain: tuple[float, float]) -> int:
+    """Check the SKI arguments; return the grid size (the default: 4 nodes per length-scale)."""
     check_positive(name, "lengthscale", lengthscale)
     check_positive(name, "noise", noise, allow_zero=True)
-    if grid_size < 4 + 2 * SKI_MARGIN:
+    if grid_size is not None and grid_size < 4 + 2 * SKI_MARGIN:
         raise ConfigError(f"{name}: grid_size must be >= {4 + 2 * SKI_MARGIN}; got {grid_size}.")
-    check_range(name, "domain", domain)
+    return ski_grid_size(check_range(name, "domain", domain), lengthscale, grid_size)
 
 
 def _check_oracle(name: str, oracle: bool, noise: float, points: int) -> None:
@@ -199,7 +217,8 @@ class GP2D:
         num_targets: target points per task.
         min_context: null for exactly ``num_context`` context points; else the fewest, drawn uniformly per task.
         domain: ``(low, high)``: x is drawn uniformly from ``[low, high]^2``.
-        grid_size: points per dimension of the SKI interpolation grid the field is drawn on.
+        grid_size: points per dimension of the SKI interpolation grid the field is drawn on; null: 4 per length-scale
+            (an SE field to 0.002 in covariance); 100 is the paper's, too coarse for l = 0.1 over [-6, 6].
         oracle: add the exact posterior predictive log-density under the SKI covariance (at most 2,000 points).
         jitter: added to the per-dimension kernel matrices' diagonals for their Cholesky factors.
     """
@@ -212,12 +231,12 @@ class GP2D:
         num_targets: int = 1_000,
         min_context: int | None = None,
         domain: tuple[float, float] = (-6.0, 6.0),
-        grid_size: int = 100,
+        grid_size: int | None = None,
         oracle: bool = False,
         jitter: float = 1e-6,
     ) -> None:
         name = "gp2d"
-        _check_ski(name, lengthscale, noise, grid_size, domain)
+        grid_size = _check_ski(name, lengthscale, noise, grid_size, domain)
         check_sizes(
             name, "min_context", num_context if min_context is None else min_context, "num_context", num_context
         )
@@ -271,7 +290,8 @@ class GP2DMultimodal:
         max_context: most scattered context points of a task.
         num_targets: target points per task.
         domain: ``(low, high)``: the square ``[low, high]^2`` of the grid and the points.
-        grid_size: points per dimension of the SKI interpolation grid the fields are drawn on.
+        grid_size: points per dimension of the SKI interpolation grid the fields are drawn on; null: 4 per
+            length-scale.
         oracle: add the exact posterior predictive log-density under the SKI covariance.
         jitter: added to the per-dimension kernel matrices' diagonals for their Cholesky factors.
     """
@@ -286,12 +306,12 @@ class GP2DMultimodal:
         max_context: int = 500,
         num_targets: int = 250,
         domain: tuple[float, float] = (-3.0, 3.0),
-        grid_size: int = 64,
+        grid_size: int | None = None,
         oracle: bool = False,
         jitter: float = 1e-6,
     ) -> None:
         name = "gp2d_multimodal"
-        _check_ski(name, lengthscale, noise, grid_size, domain)
+        grid_size = _check_ski(name, lengthscale, noise, grid_size, domain)
         if not -1.0 <= correlation <= 1.0:
             raise ConfigError(f"{name}: correlation must lie in [-1, 1]; got {correlation}.")
         check_positive(name, "points_per_unit", points_per_unit)

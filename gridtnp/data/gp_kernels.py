@@ -25,6 +25,18 @@ KERNELS = ("se", "matern52", "periodic")
 #: SKI grids extend this many cells beyond the domain on each side, so every cubic stencil of a point in the
 #: domain lies on the grid and no boundary handling is needed.
 SKI_MARGIN = 2
+#: Default SKI grid resolution: nodes per length-scale. At 4 the interpolated field's covariance is within 0.002
+#: of the SE kernel; the gridded TNP paper's fixed 100 x 100 grid over [-6, 6]^2 has 0.8 nodes per length-scale at
+#: l = 0.1, where the marginal variance drops to 0.73 between nodes.
+SKI_NODES_PER_LENGTHSCALE = 4
+
+
+def ski_grid_size(domain: tuple[float, float], lengthscale: float, grid_size: int | None) -> int:
+    """``grid_size``, or (None) the nodes per dimension that give ``SKI_NODES_PER_LENGTHSCALE`` per length-scale."""
+    if grid_size is not None:
+        return int(grid_size)
+    low, high = domain
+    return math.ceil((high - low) * SKI_NODES_PER_LENGTHSCALE / lengthscale) + 1 + 2 * SKI_MARGIN
 
 
 def kernel(family: str, lengthscale: Tensor, period: Tensor | None = None) -> gpytorch.kernels.Kernel:
@@ -56,16 +68,28 @@ def kernel(family: str, lengthscale: Tensor, period: Tensor | None = None) -> gp
 
 
 def mixed_kernel_matrix(
-    x: Tensor, family: Tensor, lengthscale: Tensor, period: Tensor, families: Sequence[str]
+    x: Tensor,
+    family: Tensor,
+    lengthscale: Tensor,
+    period: Tensor,
+    families: Sequence[str],
+    periodic_lengthscale: float | None = None,
 ) -> Tensor:
-    """Covariance ``[B, N, N]`` of ``x [B, N, D]``, task b using kernel ``families[family[b]]``."""
+    """Covariance ``[B, N, N]`` of ``x [B, N, D]``, task b using kernel ``families[family[b]]``.
+
+    ``periodic_lengthscale``: the periodic kernel's length-scale for every task instead of ``lengthscale[b]``
+    (the TE-TNP paper's ``k_pe`` is the standard form with length-scale 1 and period ``l``).
+    """
     out = x.new_empty(x.shape[0], x.shape[1], x.shape[1], dtype=torch.float64)
     x = x.to(torch.float64)
-    for i, name in enumerate(families):
+    for i, name in enumerate(families):  # loop over kernel families, not tasks
         idx = (family == i).nonzero().squeeze(-1)
         if idx.numel():
+            ls = lengthscale[idx]
+            if name == "periodic" and periodic_lengthscale is not None:
+                ls = torch.full_like(ls, periodic_lengthscale)
             with torch.no_grad():
-                out[idx] = kernel(name, lengthscale[idx], period[idx]).forward(x[idx], x[idx])
+                out[idx] = kernel(name, ls, period[idx]).forward(x[idx], x[idx])
     return out
 
 

@@ -4,9 +4,12 @@ gridtnp data prepare era5_2019-03.nc --out era5.zarr --train-start 2019-03-01 --
 
 The store holds float32 variables ``[time, ..., latitude, longitude]`` chunked ``time_chunk x full grid`` (one read
 per sampled time step), latitudes ascending, longitudes ascending in [-180, 180), ``time`` as datetime64, CF
-attributes kept; ``attrs["gridtnp_stats"]`` has each variable's training-period mean and std and
-``attrs["gridtnp_provenance"]`` the sources and the command. It is written next to the target, then renamed into
-place (``gridtnp.files.replacing``), so an interrupted run never leaves a half-written store under the target's name.
+attributes kept; ``attrs["gridtnp_stats"]`` has each variable's mean and std over the training period
+(``train_start``/``train_end``, the whole input when unset: the DataModules then refuse validation or test dates
+inside it) and ``attrs["gridtnp_provenance"]`` the sources and the command. It is written next to the target, then
+renamed into place (``gridtnp.files.replacing``): an interrupted run leaves the old store or none under the
+target's name, never a half-written one (a crash between the two renames of ``--overwrite`` leaves the old store
+aside as ``.<name>.old-*``). The rename is atomic, the store's files are not fsynced (xarray's Zarr writer does not).
 
 * ``prepare(inputs, out, variables, train_start, train_end, time_chunk)``: write the store, return its path.
 * ``open_sources(paths, variables)``: the inputs normalised (``gridtnp.data.layout.normalise``) and combined into

@@ -18,8 +18,8 @@ per-head dot product and on ``x_n - x_m`` through a small MLP ``rho``:
 * ``variant="post"`` (eq. 8): ``logit_nm = rho(cat[q_n . k_m / sqrt(Dh) over heads, x_n - x_m])`` (``H + Dx -> H``);
 * ``variant="pre"``:  ``logit_nm = q_n . k_m / sqrt(Dh) + rho(x_n - x_m)`` (``Dx -> H``), an additive bias;
 * ``rotation=True``: ``rho`` sees ``||x_n - x_m||`` instead of the difference (rotation invariant too);
-* ``update_locations=True`` (eq. 10): ``x_n <- x_n + C sum_m (x_n - x_m) phi(logit_nm)`` with ``C = 1 / N`` (the
-  number of valid keys) and ``phi`` an MLP ``H -> 1``.
+* ``update_locations=True`` (eq. 10): ``x_n <- x_n + C sum_m (x_n - x_m) phi(alpha_nm)`` with ``alpha_nm [H]`` the
+  softmax attention weights of all heads, ``C = 1 / N`` (the number of valid keys) and ``phi`` an MLP ``H -> 1``.
 
 Memory: ``rho`` runs on every (query, key) pair; queries are processed in chunks of at most ``max_pairs`` pairs
 (``gridtnp.nn.chunking``), so the ``[B, Nq, Nk, rho_hidden]`` activations never exist at once. Each query row sees
@@ -231,11 +231,13 @@ class TEAttention(MultiHeadAttention):
         weights = logits.float()
         if attn_mask is not None:
             weights = weights.masked_fill(~attn_mask, float("-inf"))
-        out = weights.softmax(-1).to(v.dtype) @ v
+        alpha = weights.softmax(-1)  # eq. 8's attention weights [B, H, nq, Nk]
+        out = alpha.to(v.dtype) @ v
         if self.phi is None:
             return out, None
-        # Eq. 10: x_n <- x_n + (1 / N) sum_m (x_n - x_m) phi(logit_nm), over valid keys m only.
-        w = self.phi(logits.permute(0, 2, 3, 1)).squeeze(-1).float()  # [B, nq, Nk]
+        # Eq. 10: x_n <- x_n + (1 / N) sum_m (x_n - x_m) phi(alpha_nm), over valid keys m only; phi sees the
+        # softmax weights of all heads (not the logits), so a constant added to every logit changes nothing.
+        w = self.phi(alpha.to(logits.dtype).permute(0, 2, 3, 1)).squeeze(-1).float()  # [B, nq, Nk]
         if key_mask is None:
             count = torch.full_like(w[..., :1], w.shape[-1])
         else:

@@ -89,11 +89,13 @@ class PseudoTokenGridEncoder(nn.Module):
     Gridded TNPs (Ashman et al., 2024), pseudo-token grid encoder: the initial pseudo-token ``u_m`` of grid
     location ``m`` is updated by one pre-norm MHCA + MLP block whose keys are the context tokens assigned to
     ``m``: those whose nearest grid location is ``m`` (``k = 1``) or, for ``k > 1``, the tokens that have ``m``
-    among their ``k`` nearest locations. Cells without context keep ``u_m`` plus the MLP residual (zero
-    attention output). ``max_tokens_per_cell`` caps each cell's keys; a fuller cell keeps the tokens nearest to
-    its grid location (deterministic, and independent of the order of the context up to exact ties).
-    All occupied cells of the batch attend in one SDPA call over a ``[cells, S, D]`` buffer padded to
-    ``S = min(fullest cell, cap)``; keys/values are projected once per context token and then gathered.
+    among their ``k`` nearest locations. With ``self_key`` (the default, as in the paper's reference code) ``u_m``
+    itself is one more key of its cell, so an empty cell attends to ``u_m`` alone; without it an empty cell keeps
+    ``u_m`` plus the MLP residual (zero attention output). ``max_tokens_per_cell`` caps each cell's context keys;
+    a fuller cell keeps the tokens nearest to its grid location (deterministic, and independent of the order of the
+    context up to exact ties). The cells of the batch attend in one SDPA call over a ``[cells, S, D]`` buffer
+    padded to ``S = min(fullest cell, cap) (+ 1 with self_key)``; keys/values are projected once per token and
+    then gathered (without ``self_key`` only occupied cells attend).
     ``[B, N, in_dim]`` -> ``Latent([B, M1..Md, dim])``.
 
     Args:
@@ -106,6 +108,7 @@ class PseudoTokenGridEncoder(nn.Module):
         head_dim: width of each head.
         mlp_dim: hidden width of the block's MLP.
         coarsen: block size in points, an int or one per dimension: encode onto the block centres; null: no coarsening.
+        self_key: each cell's initial pseudo-token is also one of its keys (the reference code); false: context only.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class PseudoTokenGridEncoder(nn.Module):
         head_dim: int = 16,
         mlp_dim: int = 128,
         coarsen: int | Sequence[int] | None = None,
+        self_key: bool = True,
     ) -> None:
         super().__init__()
         name = "pseudo_token"
@@ -131,7 +135,7 @@ class PseudoTokenGridEncoder(nn.Module):
                 f"got {max_tokens_per_cell}."
             )
         self.in_dim = dim if in_dim is None else in_dim
-        self.k, self.max_tokens_per_cell = k, max_tokens_per_cell
+        self.k, self.max_tokens_per_cell, self.self_key = k, max_tokens_per_cell, self_key
         self.proj_in = nn.Identity() if self.in_dim == dim else nn.Linear(self.in_dim, dim)
         self.pseudo_tokens = nn.Parameter(torch.randn(*self.grid.shape, dim) * 0.02)
         self.block = CrossAttentionBlock(dim, heads, head_dim, mlp_dim)
@@ -168,19 +172,26 @@ class PseudoTokenGridEncoder(nn.Module):
             size = min(size, self.max_tokens_per_cell)
 
         u = u0.unsqueeze(0).expand(b, m, dim).reshape(b * m, dim)
-        if size > 0:
-            occupied = counts > 0
-            rows = torch.nonzero(occupied).squeeze(-1)  # only occupied cells attend: [R]
+        extra = int(self.self_key)  # slot 0 of every cell holds u0_m itself with self_key
+        width = size + extra
+        if width > 0:
+            occupied = counts > 0 if not self.self_key else torch.ones_like(counts, dtype=torch.bool)
+            rows = torch.nonzero(occupied).squeeze(-1)  # the cells that attend: [R]
             row_of = torch.cumsum(occupied, 0) - 1
             keep = (bucket < b * m) & (rank < size)
-            # Which context token fills each slot of the [R, S] buffer; padding slots read token 0, whose
-            # (finite) key is masked out, so one gather builds the buffer with no fill or scatter of [R, S, D].
-            source = torch.zeros(rows.numel() * size, dtype=torch.long, device=rows.device)
-            source[row_of[bucket[keep]] * size + rank[keep]] = point[keep]
-            # Keys/values once per context token (project_kv's projection, kept flat so one gather serves both).
+            # Which token fills each slot of the [R, S] buffer; padding slots read token 0, whose (finite) key is
+            # masked out, so one gather builds the buffer with no fill or scatter of [R, S, D].
+            source = torch.zeros(rows.numel() * width, dtype=torch.long, device=rows.device)
+            source[row_of[bucket[keep]] * width + extra + rank[keep]] = point[keep]
+            # Keys/values once per token (project_kv's projection, kept flat so one gather serves both); the
+            # initial pseudo-tokens' rows follow the context's.
             kv = attn.to_kv(block.norm_kv(z)).flatten(0, 1)
-            k, v = kv[source].view(rows.numel(), size, -1).chunk(2, dim=-1)
-            key_mask = torch.arange(size, device=rows.device) < counts[rows].clamp(max=size).unsqueeze(-1)
+            if self.self_key:
+                source[torch.arange(rows.numel(), device=rows.device) * width] = kv.shape[0] + torch.remainder(rows, m)
+                kv = torch.cat([kv, attn.to_kv(block.norm_kv(u0)).to(kv.dtype)])
+            k, v = kv[source].view(rows.numel(), width, -1).chunk(2, dim=-1)
+            filled = counts[rows].clamp(max=size) + extra
+            key_mask = torch.arange(width, device=rows.device) < filled.unsqueeze(-1)
             q = block.norm_q(u0)[torch.remainder(rows, m)].unsqueeze(1)  # [R, 1, D]
             out = attn.attend(q, attn.split_heads(k), attn.split_heads(v), key_mask)
             u = u.index_add(0, rows, out[:, 0].to(u.dtype))

@@ -17,18 +17,20 @@ from gridtnp.registry import register
 
 @register("likelihood", "gaussian")
 class GaussianLikelihood(nn.Module):
-    """Heteroscedastic Gaussian: MLP -> mean and ``variance = softplus(raw) + min_noise``.
+    """Heteroscedastic Gaussian: MLP ``[B, N, D] -> [B, N, 2 Dy]`` -> mean and ``variance = softplus(raw) + min_noise``.
+
+    The default head has two hidden layers, as the TE-TNP paper's decoder MLP (``layers: 2`` for one).
 
     Args:
         dim: token width D of the target tokens.
         dim_y: output dimension Dy (the head outputs a mean and a raw variance for each).
         hidden: hidden width of the MLP head; null for ``dim``.
-        layers: number of linear layers of the MLP head (``layers - 1`` hidden layers).
+        layers: number of linear layers of the MLP head (``layers - 1`` hidden layers; 3 as in the TE-TNP paper).
         min_noise: lower bound on the predictive variance (a variance, not a standard deviation); >= 0.
     """
 
     def __init__(
-        self, dim: int = 128, dim_y: int = 1, hidden: int | None = None, layers: int = 2, min_noise: float = 1e-4
+        self, dim: int = 128, dim_y: int = 1, hidden: int | None = None, layers: int = 3, min_noise: float = 1e-4
     ) -> None:
         super().__init__()
         if min_noise < 0:

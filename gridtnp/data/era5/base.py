@@ -21,7 +21,7 @@ import xarray as xr
 
 from gridtnp.batch import Observations
 from gridtnp.data.datamodules import TaskDataModule
-from gridtnp.data.layout import DataError, iso, select_time
+from gridtnp.data.layout import STATS_ATTR, DataError, iso, select_time
 from gridtnp.data.store import ChunkCache, open_store
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError
@@ -53,7 +53,9 @@ class ERA5DataModule(TaskDataModule):
     """What the ERA5 DataModules share: a prepared store (or the embedded sample), date splits and loaders.
 
     ``store=None`` prepares the embedded ERA5 sample once into ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``)
-    with statistics over ``train_dates``, and reuses it.
+    with statistics over ``train_dates``, and reuses it. ``split_hours`` refuses a store whose normalisation
+    statistics were computed over hours of the validation or test dates (information from them would leak into
+    every input), unless ``allow_stats_overlap``.
     """
 
     def __init__(
@@ -69,10 +71,12 @@ class ERA5DataModule(TaskDataModule):
         storage_options: dict[str, Any] | None = None,
         convert_layout: bool = False,
         stats: dict[str, Sequence[float]] | None = None,
+        allow_stats_overlap: bool = False,
     ) -> None:
         super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
         self.store, self.storage_options = store, storage_options
         self.convert_layout, self.stats = convert_layout, dict(stats or {})
+        self.allow_stats_overlap = allow_stats_overlap
         self.dates = {split: tuple(pair) for split, pair in dates.items()}
 
     def store_path(self) -> str:
@@ -120,6 +124,8 @@ class ERA5DataModule(TaskDataModule):
             except DataError as err:
                 raise DataError(f"{name}_dates ({start}, {end}) with store {path}: {err}") from err
             hours[name] = np.arange(len(time))[time.isin(selected)]
+        if not self.allow_stats_overlap:
+            self.check_stats_period(ds, path, hours)
         names = list(hours)
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
@@ -131,3 +137,30 @@ class ERA5DataModule(TaskDataModule):
                         "choose disjoint date ranges."
                     )
         return hours
+
+    def check_stats_period(self, ds: xr.Dataset, path: str, hours: dict[str, np.ndarray]) -> None:
+        """A DataError when the store's statistics of a variable in ``ds`` (not overridden by ``stats``) were
+        computed over hours of a split other than ``train`` (``hours``: indices into ``ds.time`` per split)."""
+        time = ds.indexes["time"]
+        recorded = ds.attrs.get(STATS_ATTR, {})
+        for variable in ds.data_vars:
+            entry = recorded.get(variable, {})
+            given = any(k == variable or k.startswith(f"{variable}@") for k in self.stats)
+            if given or "train_start" not in entry or "train_end" not in entry:
+                continue
+            start, end = np.datetime64(entry["train_start"]), np.datetime64(entry["train_end"])
+            for split, index in hours.items():
+                if split == "train":
+                    continue
+                inside = (time[index] >= start) & (time[index] <= end)
+                if inside.any():
+                    first, last = self.dates[split]
+                    train = self.dates["train"]
+                    raise DataError(
+                        f"{path}: the normalisation statistics of {variable!r} were computed over "
+                        f"{entry['train_start']} to {entry['train_end']}, which includes {int(inside.sum())} hours "
+                        f"of the {split} dates {first} to {last}: the {split} scores would see {split} data. "
+                        f"Prepare the store with --train-start {train[0]} --train-end {train[1]} (the training "
+                        f"dates), pass stats: {{{variable}: [mean, std]}}, or set allow_stats_overlap: true to "
+                        "accept the overlap."
+                    )

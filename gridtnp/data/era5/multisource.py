@@ -201,6 +201,8 @@ class MultiSourceDataModule(ERA5DataModule):
             latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
         stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
             required for stores without them.
+        allow_stats_overlap: accept a store whose statistics were computed over validation or test hours (by
+            default that is refused: ``gridtnp data prepare --train-start/--train-end`` sets the period).
     """
 
     def __init__(
@@ -225,6 +227,7 @@ class MultiSourceDataModule(ERA5DataModule):
         storage_options: dict[str, Any] | None = None,
         convert_layout: bool = False,
         stats: dict[str, Sequence[float]] | None = None,
+        allow_stats_overlap: bool = False,
     ) -> None:
         dates = {"train": train_dates, "val": val_dates, "test": test_dates}
         super().__init__(
@@ -239,6 +242,7 @@ class MultiSourceDataModule(ERA5DataModule):
             storage_options=storage_options,
             convert_layout=convert_layout,
             stats=stats,
+            allow_stats_overlap=allow_stats_overlap,
         )
         where = "MultiSourceDataModule"
         check_counts(where, [("window", window, 1), ("cache_chunks", cache_chunks, 1)])

@@ -1,4 +1,4 @@
-"""Station + reanalysis tasks (the gridded TNP paper's t2m experiment): ``StationReanalysisDataModule``
+"""Station + reanalysis tasks (the gridded TNP paper's station experiment): ``StationReanalysisDataModule``
 (registered as ``era5_stations``) and its sampler ``StationReanalysisTask``.
 
 A task is one hour: context ``"grid"`` (coarsened ERA5, ``x [B, G, 2]`` = (lat, lon), ``y [B, G, V]``) and
@@ -125,10 +125,7 @@ class StationReanalysisTask:
         mask_t = mask_t & np.take_along_axis(station_ok, idx_t, 1)
 
         y_t = np.take_along_axis(station_y, idx_t, 1)
-        err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, np.nan) ** 2
-        num_targets = mask_t.sum(1)
-        with np.errstate(invalid="ignore"):
-            coarse_sq_err = np.where(num_targets > 0, np.nanmean(np.where(mask_t, err, np.nan), axis=1), 0.0)
+        coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, 0.0) ** 2  # [B, Nt]
         context = {
             "grid": masked_observations(self.grid_x.expand(b, -1, -1), y_grid, grid_ok, "context['grid']"),
             "stations": masked_observations(
@@ -149,7 +146,6 @@ class StationReanalysisTask:
             return Batch(context, target, extras)
         target = masked_observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
         extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
-        extras["num_targets"] = torch.from_numpy(num_targets.astype(np.float32))
         if share is not None:
             is_context = np.zeros((b, s), dtype=bool)
             np.put_along_axis(is_context, idx_c, mask_c, axis=1)
@@ -192,20 +188,22 @@ class _PredictSet(Dataset):
 class StationReanalysisDataModule(ERA5DataModule):
     """Station + reanalysis tasks: coarse ERA5 on the grid and some stations as context, other stations as targets.
 
-    The gridded TNP paper's t2m experiment, with t2m rather than skt on the grid (a downscaling variant).
+    The gridded TNP paper's station experiment has skt on the grid and t2m at the stations (``grid_variables:
+    [skt]``); the default ``[t2m]`` (the embedded sample's only variable) makes it a downscaling variant.
 
     Each task is one random hour of the split. Context ``"grid"``: every grid variable at ``time_offset_hours``
     before that hour, averaged over ``coarsen x coarsen`` blocks (NaN-aware), at the blocks' centres
     ``x = (lat, lon)`` in degrees, ``y [B, G, len(grid_variables)]``. Context ``"stations"``: a share
     ``~ U[context_fraction]`` of the distinct stations inside the store's box, ``y`` = ``station_variable`` at the
-    station's nearest grid point (values from ERA5, as in the paper), ``x`` = the station's own coordinates
-    from the CSV. Targets: the other stations (``held_out``) or all. Values are normalised with the store's
-    training-period statistics; NaNs are masked out (and zeroed). Stations snapping to a grid point that an earlier
-    station already has are dropped (``unique_grid_points``), so no target shares its value with a context station.
+    station's nearest grid point (values from ERA5, as in the paper), ``x`` = that grid point's coordinates (so a
+    value and its location agree; the CSV coordinates stay in ``station_table`` and the predictions). Targets: the
+    other stations (``held_out``) or all. Values are normalised with the store's training-period statistics; NaNs
+    are masked out (and zeroed). Stations snapping to a grid point that an earlier station already has are dropped
+    (``unique_grid_points``), so no target shares its value with a context station.
 
     ``extras`` per task: ``target_scale`` (the station variable's std: metrics in physical units),
-    ``coarse_sq_err`` (mean squared normalised error of predicting each target by the coarse cell of the station
-    variable containing it, at the grid time), ``num_targets`` and ``hour`` (index into the store's time axis).
+    ``coarse_sq_err [B, Nt]`` (squared normalised error of predicting each target by the coarse cell of the station
+    variable containing it, at the grid time; 0 for masked targets) and ``hour`` (index into the store's time axis).
 
     Args:
         store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample once into
@@ -233,6 +231,8 @@ class StationReanalysisDataModule(ERA5DataModule):
             latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
         stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
             required for stores without them.
+        allow_stats_overlap: accept a store whose statistics were computed over validation or test hours (by
+            default that is refused: ``gridtnp data prepare --train-start/--train-end`` sets the period).
         predict_split: the split whose hours ``gridtnp predict`` covers, every hour in order.
         predict_context_fraction: the stations' context share for predictions (default: the middle of
             ``context_fraction``), drawn with a fixed seed.
@@ -266,6 +266,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         storage_options: dict[str, Any] | None = None,
         convert_layout: bool = False,
         stats: dict[str, Sequence[float]] | None = None,
+        allow_stats_overlap: bool = False,
         unique_grid_points: bool = True,
         predict_split: Literal["train", "val", "test"] = "test",
         predict_context_fraction: float | None = None,
@@ -284,6 +285,7 @@ class StationReanalysisDataModule(ERA5DataModule):
             storage_options=storage_options,
             convert_layout=convert_layout,
             stats=stats,
+            allow_stats_overlap=allow_stats_overlap,
         )
         where = "StationReanalysisDataModule"
         check_counts(
@@ -355,8 +357,9 @@ class StationReanalysisDataModule(ERA5DataModule):
         self.time_axis, self.box = ds.indexes["time"], (lat, lon)
         self.units = str(ds[self.station_variable].attrs.get("units", ""))
         self.long_name = str(ds[self.station_variable].attrs.get("long_name", self.station_variable))
-        station_x = kept[["latitude", "longitude"]].to_numpy(np.float64)
         station_index = np.stack([kept["lat_index"].to_numpy(np.int64), kept["lon_index"].to_numpy(np.int64)])
+        # x is the grid point the value is read from (as in the paper), not the CSV coordinate up to half a cell away.
+        station_x = np.stack([lat[station_index[0]], lon[station_index[1]]], -1).astype(np.float64)  # [S, 2]
 
         time = ds.indexes["time"]
         self.splits = {}

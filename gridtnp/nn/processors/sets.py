@@ -234,9 +234,10 @@ class TETransformerProcessor(nn.Module):
 class TEPerceiverProcessor(_PseudoTokenProcessor):
     """TE-PT-TNP: ``M`` pseudo-tokens with pseudo-locations; per layer TE-MHCA(U; context) then TE-MHSA(U).
 
-    Pseudo-locations start as attention-weighted averages of the context locations (eq. 11):
-    ``x_u_m = sum_n softmax_n(q(u_m) . k(z_n) / sqrt(Dh)) x_n``. The weights depend on tokens only, so the
-    pseudo-locations move with the context. With an empty context the pseudo-tokens are masked out of the states
+    Pseudo-locations start as a learned offset plus an attention-weighted average of the context locations
+    (eq. 11): ``x_u_m = v0_m + sum_n softmax_n(q(u_m) . k(z_n) / sqrt(Dh)) x_n``, ``v0 [M, Dx]`` initialised to
+    zeros. The weights depend on tokens only, so the pseudo-locations move with the context, and the offsets let
+    them leave the context's convex hull. With an empty context the pseudo-tokens are masked out of the states
     (targets then get a zero attention update, a prior-like prediction). States: ``Latent([B, M, D], x=[B, M, Dx])``.
 
     Args:
@@ -282,15 +283,19 @@ class TEPerceiverProcessor(_PseudoTokenProcessor):
         )
         self.location_query = nn.Linear(dim, head_dim, bias=False)
         self.location_key = nn.Linear(dim, head_dim, bias=False)
+        self.location_offset = nn.Parameter(torch.zeros(num_tokens, dim_x))  # v0_m of eq. 11
 
     def initial_locations(self, u: Tensor, zc: Tensor, xc: Tensor, mask: Tensor | None) -> Tensor:
-        """Eq. 11: ``[B, M, Dx]`` attention-weighted averages of ``xc [B, N, Dx]`` (zeros for an empty context)."""
+        """Eq. 11: ``[B, M, Dx]`` offsets ``v0`` plus attention-weighted averages of ``xc [B, N, Dx]``.
+
+        An empty context gives ``v0`` (those pseudo-tokens are masked out of the states anyway).
+        """
         logits = (self.location_query(u) @ self.location_key(zc).transpose(-1, -2)).float()
         logits = logits * self.location_query.out_features**-0.5  # [B, M, N]
         if mask is not None:
             logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
             logits = torch.where(mask.any(-1)[:, None, None], logits, 0.0)  # an empty row: finite, then unused
-        return logits.softmax(-1) @ xc.float()
+        return self.location_offset.float() + logits.softmax(-1) @ xc.float()
 
     def forward(self, latent: Latent) -> list[Latent]:
         """Context set ``[B, N, D]`` at ``x [B, N, Dx]`` -> one ``Latent([B, M, D], x=[B, M, Dx])`` per layer."""
