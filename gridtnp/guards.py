@@ -75,9 +75,10 @@ def is_plot_folder(path: Path) -> bool:
 def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
     """One line from jsonargparse's multi-line error: what was wrong, where, and the closest valid name."""
     text = str(err)
-    option = re.search(r"class_path '([\w.]+)':\s+Option '(\w+)' is not accepted", text)
+    option = re.search(r"class_path '([\w.]+)':\s+Option '([\w.]+)' is not accepted", text)
     if option:
         path, name = option.groups()
+        name = name.split(".")[0]  # "procesor.name": the argument is "procesor"
         module, _, attr = path.rpartition(".")
         accepted = sorted(accepted_arguments(getattr(importlib.import_module(module), attr))[0])
         close = difflib.get_close_matches(name, accepted, n=1)
