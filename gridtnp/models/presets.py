@@ -356,3 +356,32 @@ def interp(dim_x: int = 2, dim_y: int | dict[str, int] = 1, k: int = 4, power: f
         power: exponent of the inverse distance.
     """
     return _baseline({"name": "interpolation", "k": k, "power": power}, dim_x, dim_y)
+
+
+@register("model", "gka")
+def gka(dim_x: int = 2, dim_y: int | dict[str, int] = 1, lengthscale: float = 1.0, modulate: bool = False) -> Spec:
+    """Gaussian kernel averaging over every context point with learned per-dimension length-scales.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
+        lengthscale: starting length-scale in input units (learned per dimension).
+        modulate: GKA-MLP: an MLP of the context location adds to each point's log-weight.
+    """
+    return _baseline({"name": "gka", "lengthscale": lengthscale, "modulate": modulate}, dim_x, dim_y)
+
+
+@register("model", "gka_knn")
+def gka_knn(
+    dim_x: int = 2, dim_y: int | dict[str, int] = 1, lengthscale: float = 1.0, k: int = 16, modulate: bool = False
+) -> Spec:
+    """Gaussian kernel averaging over each target's ``k`` nearest context points (cell-list search).
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
+        lengthscale: starting length-scale in input units (learned per dimension).
+        k: nearest context points (in the length-scale-scaled metric) each target averages over.
+        modulate: GKA-MLP: an MLP of the context location adds to each point's log-weight.
+    """
+    return _baseline({"name": "gka", "lengthscale": lengthscale, "k": k, "modulate": modulate}, dim_x, dim_y)

@@ -6,6 +6,7 @@ Interface: ``decoder(states: list[Latent], zt, xt) -> [B, Nt, D]``. A decoder wi
 
 * ``gridded``: ``knn``, ``te_knn``, ``kernel_interpolation`` (grid states).
 * ``interpolation``: ``interpolation`` (the learned linear-interpolation baseline).
+* ``kernel_averaging``: ``gka`` (Gaussian kernel averaging, dense or over the k nearest).
 * ``sets``: ``cross_attention``, ``concat``, ``te_cross_attention``, ``relational``, ``joint_self_attention``,
   ``transformer_decoder``.
 """
@@ -17,6 +18,7 @@ from gridtnp.nn.grid_decoders.gridded import (
     TEKNNDecoder,
 )
 from gridtnp.nn.grid_decoders.interpolation import InterpolationDecoder
+from gridtnp.nn.grid_decoders.kernel_averaging import GKADecoder
 from gridtnp.nn.grid_decoders.sets import (
     ConcatDecoder,
     CrossAttentionDecoder,
@@ -29,6 +31,7 @@ from gridtnp.nn.grid_decoders.sets import (
 __all__ = [
     "ConcatDecoder",
     "CrossAttentionDecoder",
+    "GKADecoder",
     "InterpolationDecoder",
     "JointSelfAttentionDecoder",
     "KNNDecoder",
