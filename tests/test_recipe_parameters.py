@@ -19,6 +19,7 @@ TRAINING_KEYS = ("lr", "weight_decay", "warmup_steps", "lr_schedule", "cos_latit
 RECIPE_PARAMETERS = {
     "era5_cnp.yaml": 50690,
     "era5_gka.yaml": 5,
+    "era5_hypermixer.yaml": 624834,
     "era5_interp.yaml": 5,
     "era5_convcnp.yaml": 2107142,
     "era5_multisource_swin.yaml": 545602,
@@ -39,6 +40,7 @@ RECIPE_PARAMETERS = {
     "gp1d_tnp.yaml": 1043586,
     "gp2d_convcnp.yaml": 2107142,
     "gp2d_gka_knn.yaml": 5,
+    "gp2d_hypermixer.yaml": 1276162,
     "gp2d_interp.yaml": 4,
     "gp2d_multimodal_swin.yaml": 1382914,
     "gp2d_pt_tnp.yaml": 1557378,
