@@ -157,7 +157,8 @@ class GKADecoder(nn.Module):
         q = torch.cat([xq, torch.ones_like(xq[..., :1])], -1).unsqueeze(1)  # [B, 1, Nt, d + 1]
         k = torch.cat([xs, (bias - 0.5 * xs.square().sum(-1)).unsqueeze(-1)], -1).unsqueeze(1)  # [B, 1, N, d + 1]
         attn_mask, has_key = attention_mask(mask, xq.shape[1])
-        out = F.scaled_dot_product_attention(q, k, z.float().unsqueeze(1), attn_mask=attn_mask, scale=1.0)[:, 0]
+        with torch.autocast(q.device.type, enabled=False):  # logits from coordinates: float32 even under bf16
+            out = F.scaled_dot_product_attention(q, k, z.float().unsqueeze(1), attn_mask=attn_mask, scale=1.0)[:, 0]
         return (out * has_key.to(out.dtype)).to(z.dtype)
 
 
