@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
     xt = (torch.rand(1, args.num_targets, args.dim_x, generator=gen) * 12 - 6).to(device)
+    meta = harness.metadata(args, device, inputs=f"batch 1, x uniform in [-6, 6]^{args.dim_x}, float32")
     rows = []
     first = None
     for nc in args.num_context:
@@ -73,7 +74,6 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
         print(rows[-1], flush=True)
-    meta = harness.metadata(args, device, inputs=f"batch 1, x uniform in [-6, 6]^{args.dim_x}, float32")
     for path in harness.write_table(args.out, "k-nearest-neighbour search by cell lists against N_c", meta, rows):
         print(f"wrote {path}")
 

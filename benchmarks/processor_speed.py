@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     harness.finish_common_arguments(parser, args, "processor_speed", repeats=(3, 5))
     device = torch.device(args.device)
+    meta = harness.metadata(args, device, inputs=f"grid tokens [{args.batch_size}, M, M, {DIM}], standard normal")
     rows = []
     for m in args.grid_sizes:
         grid = Grid([-6.0, -6.0], [6.0, 6.0], [m, m])
@@ -81,7 +82,6 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 print(rows[-1], flush=True)
             harness.free(device)
-    meta = harness.metadata(args, device, inputs=f"grid tokens [{args.batch_size}, M, M, {DIM}], standard normal")
     title = "Grid processors at equal width: HyperMixer, full MHSA, Swin"
     for path in harness.write_table(args.out, title, meta, rows):
         print(f"wrote {path}")
