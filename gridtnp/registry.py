@@ -63,6 +63,8 @@ SHARED: dict[str, dict[str, str]] = {
         "dim_x": "input dimension Dx (the model's dim_x)",
         "grid": "the grid the grid encoder writes to",
         "layers": "blocks, one per processor state read (the model passes the processor's number of states)",
+        "in_dim": "width of the point-wise encoders' tokens",
+        "sources": "names of the context sources",
     },
     "likelihood": {"dim": "token width D (the model's dim)", "dim_y": "output dimension Dy of the targets"},
     "embedding": {"dim_x": "input dimension Dx (from the encoder)"},

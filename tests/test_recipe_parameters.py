@@ -19,6 +19,9 @@ TRAINING_KEYS = ("lr", "weight_decay", "warmup_steps", "lr_schedule", "cos_latit
 RECIPE_PARAMETERS = {
     "era5_cnp.yaml": 54850,
     "era5_convcnp.yaml": 2123654,
+    "era5_gka.yaml": 5,
+    "era5_hypermixer.yaml": 628994,  # 624,834 + the deeper Gaussian head (issue 12)
+    "era5_interp.yaml": 5,
     "era5_multisource_swin.yaml": 549762,
     "era5_pt_tnp.yaml": 643458,
     "era5_swin.yaml": 561666,
@@ -36,7 +39,16 @@ RECIPE_PARAMETERS = {
     "gp1d_tfs.yaml": 464386,
     "gp1d_tnp.yaml": 1060098,
     "gp2d_convcnp.yaml": 2123654,
+    "gp2d_gka_knn.yaml": 5,
+    "gp2d_hypermixer.yaml": 1292674,  # 1,276,162 + the deeper Gaussian head (issue 12)
+    "gp2d_interp.yaml": 4,
     "gp2d_multimodal_swin.yaml": 1399426,
+    "gp2d_paper_cnp.yaml": 231682,
+    "gp2d_paper_convcnp.yaml": 2123654,
+    "gp2d_paper_pt_tnp_ist.yaml": 1624322,
+    "gp2d_paper_swin_ki.yaml": 1109636,
+    "gp2d_paper_swin_pt.yaml": 1323522,
+    "gp2d_paper_vit.yaml": 1389186,
     "gp2d_pt_tnp.yaml": 1573890,
     "gp2d_swin_avg.yaml": 1060354,
     "gp2d_swin_ki.yaml": 1076868,
@@ -50,17 +62,14 @@ RECIPE_PARAMETERS = {
     "gp2d_vit_pt_patch.yaml": 1356418,
     "sawtooth1d_tnp.yaml": 1060098,
     "sawtooth2d_te_tnp_rotation.yaml": 320760,
-    "gp2d_paper_cnp.yaml": 231682,
-    "gp2d_paper_convcnp.yaml": 2123654,
-    "gp2d_paper_pt_tnp_ist.yaml": 1624322,
-    "gp2d_paper_swin_ki.yaml": 1109636,
-    "gp2d_paper_swin_pt.yaml": 1323522,
-    "gp2d_paper_vit.yaml": 1389186,
 }
 
 PRESET_PARAMETERS = {
     "cnp": 132738,
     "convcnp": 152324,
+    "gka": 5,
+    "gka_knn": 5,
+    "interp": 4,
     "msa": 562818,
     "pt_tnp_ist": 1575042,
     "pt_tnp_perceiver": 1573762,

@@ -11,7 +11,7 @@ A specification is a plain mapping (what a YAML recipe holds)::
 ``build_model`` passes each component the shared keywords it accepts: ``dim``, ``dim_x``, ``dim_y``,
 ``grid`` (the model's coordinate system), ``in_dim`` and ``sources`` (width of the encoder's tokens and the
 context source names, for grid encoders) and, for the grid decoder, ``layers`` (the processor's number of
-states) unless the spec sets them.
+states), ``in_dim`` and ``sources`` unless the spec sets them.
 """
 
 from __future__ import annotations
@@ -230,14 +230,17 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
     if len(widths) != 1:
         raise ConfigError(f"all sources' encoders must produce tokens of one width; got {sorted(widths)}.")
     shared = {"dim": dim, "dim_x": dim_x, "grid": grid}
+    in_dim = widths.pop()
     grid_encoder, expanded["grid_encoder"] = build(
-        "grid_encoder", spec["grid_encoder"], in_dim=widths.pop(), sources=list(sources), **shared
+        "grid_encoder", spec["grid_encoder"], in_dim=in_dim, sources=list(sources), **shared
     )
     # A grid encoder may encode onto a coarser grid than the model's (``coarsen``): what follows works on that one.
     shared["grid"] = getattr(grid_encoder, "grid", None) or grid
     processor, expanded["processor"] = build("processor", spec["processor"], **shared)
     layers = getattr(processor, "num_states", 1)
-    grid_decoder, expanded["grid_decoder"] = build("grid_decoder", spec["grid_decoder"], layers=layers, **shared)
+    grid_decoder, expanded["grid_decoder"] = build(
+        "grid_decoder", spec["grid_decoder"], layers=layers, in_dim=in_dim, sources=list(sources), **shared
+    )
     likelihood, expanded["likelihood"] = build("likelihood", spec["likelihood"], dim=dim, dim_y=target_dim_y)
     model = NeuralProcess(encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid)
     return model, expanded

@@ -326,3 +326,62 @@ def tfs(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 3) -> Spec
         dim_y=dim_y,
         dim=dim,
     )
+
+
+def _baseline(grid_decoder: Spec, dim_x: int, dim_y: int | dict[str, int]) -> Spec:
+    """The context values as tokens, kept as a set, ``grid_decoder`` on them, affine map and constant variance."""
+    widths = {dim_y} if isinstance(dim_y, int) else set(dim_y.values())
+    if len(widths) != 1:
+        raise ValueError(f"interpolation baselines need every source to have the same dim_y; got {dim_y}.")
+    return {
+        **_spec({"name": "identity"}, {"name": "identity"}, {"name": "identity"}, grid_decoder),
+        "likelihood": {"name": "homoscedastic", "layers": 1},
+        "dim_x": dim_x,
+        "dim_y": dim_y,
+        "dim": widths.pop(),  # the decoders then output the interpolant itself, no Linear
+    }
+
+
+@register("model", "interp")
+def interp(dim_x: int = 2, dim_y: int | dict[str, int] = 1, k: int = 4, power: float = 2.0) -> Spec:
+    """Learned linear-interpolation baseline: each source interpolated on its own, learned weights, constant variance.
+
+    Scattered sources by inverse-distance weighting over their ``k`` nearest points; name gridded sources in the
+    decoder's ``gridded`` for multilinear interpolation on their grid. The model's ``dim`` is the sources' ``dim_y``.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
+        k: nearest points of a scattered source that each target's inverse-distance weighting uses.
+        power: exponent of the inverse distance.
+    """
+    return _baseline({"name": "interpolation", "k": k, "power": power}, dim_x, dim_y)
+
+
+@register("model", "gka")
+def gka(dim_x: int = 2, dim_y: int | dict[str, int] = 1, lengthscale: float = 1.0, modulate: bool = False) -> Spec:
+    """Gaussian kernel averaging over every context point with learned per-dimension length-scales.
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
+        lengthscale: starting length-scale in input units (learned per dimension).
+        modulate: GKA-MLP: an MLP of the context location adds to each point's log-weight.
+    """
+    return _baseline({"name": "gka", "lengthscale": lengthscale, "modulate": modulate}, dim_x, dim_y)
+
+
+@register("model", "gka_knn")
+def gka_knn(
+    dim_x: int = 2, dim_y: int | dict[str, int] = 1, lengthscale: float = 1.0, k: int = 16, modulate: bool = False
+) -> Spec:
+    """Gaussian kernel averaging over each target's ``k`` nearest context points (cell-list search).
+
+    Args:
+        dim_x: input dimension.
+        dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
+        lengthscale: starting length-scale in input units (learned per dimension).
+        k: nearest context points (in the length-scale-scaled metric) each target averages over.
+        modulate: GKA-MLP: an MLP of the context location adds to each point's log-weight.
+    """
+    return _baseline({"name": "gka", "lengthscale": lengthscale, "k": k, "modulate": modulate}, dim_x, dim_y)

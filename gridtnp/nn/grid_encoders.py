@@ -14,7 +14,6 @@ that coarse grid, so the processor and decoder must be built for it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,12 +22,12 @@ from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock
 from gridtnp.nn.grids import (
-    EARTH_RADIUS_KM,
     Grid,
     coarsen_grid,
     great_circle,
     grid_coordinates,
     haversine_distance,
+    haversine_lengthscale,
     initial_lengthscale,
     se_weights,
 )
@@ -38,11 +37,27 @@ from gridtnp.registry import build_from_spec, register
 
 @register("grid_encoder", "identity")
 class IdentityGridEncoder(nn.Module):
-    """Grid-free models (CNP, TNP, PT-TNP): the union of all sources' tokens as a masked set ``[B, N, D]``."""
+    """Grid-free models (CNP, TNP, PT-TNP): the union of all sources' tokens as a masked set ``[B, N, D]``.
+
+    The latent keeps the locations ``x [B, N, Dx]`` and, in ``source [B, N]``, which context source each token came
+    from (its index in ``sources``; for decoders that treat sources apart, such as ``interpolation``).
+
+    Args:
+        sources: names of the context sources in the model's order (passed by the model); null: the context's order.
+    """
+
+    def __init__(self, sources: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.sources = None if sources is None else list(sources)
 
     def forward(self, sources: dict[str, Tokens]) -> Latent:
         t = concat_sources(sources)
-        return Latent(t.z, mask=t.mask, x=t.x)
+        names = self.sources or list(sources)
+        unknown = sorted(set(sources) - set(names))
+        if unknown:
+            raise ValueError(f"grid encoder 'identity': context source(s) {unknown} are not among {names}.")
+        ids = torch.cat([torch.full(s.mask.shape, names.index(n), device=s.mask.device) for n, s in sources.items()], 1)
+        return Latent(t.z, mask=t.mask, x=t.x, source=ids)
 
 
 def target_grid(grid: Grid | None, coarsen: int | Sequence[int] | None, name: str) -> Grid:
@@ -379,27 +394,6 @@ class KernelInterpolationEncoder(nn.Module):
                 h = torch.cat([h / (d + self.eps), torch.log1p(d)], dim=-1)
         out = self.proj(h.to(self.proj.weight.dtype))
         return Latent(out.reshape(b, *self.grid.shape, out.shape[-1]), grid=self.grid)
-
-
-def haversine_lengthscale(grid: Grid, lengthscale: float | Sequence[float] | None, where: str) -> Tensor:
-    """Starting length-scales ``[d - 1]`` for the haversine kernel: leading dims, then the (lat, lon) pair in km.
-
-    Default: 2 x spacing for leading dimensions and 2 x the coarser of the lat/lon spacings (in km at the
-    equator) for the pair.
-    """
-    if lengthscale is None:
-        spatial = 2.0 * math.radians(max(grid.spacing[-2:])) * EARTH_RADIUS_KM
-        values = [2.0 * s for s in grid.spacing[:-2]] + [spatial]
-    elif isinstance(lengthscale, (int, float)):
-        values = [float(lengthscale)] * (grid.ndim - 1)
-    else:
-        values = [float(v) for v in lengthscale]
-    if len(values) != grid.ndim - 1 or not all(v > 0 for v in values):
-        raise ValueError(
-            f"{where}: with distance='haversine', lengthscale must be one positive number or {grid.ndim - 1} "
-            f"(one per leading dimension, then one in km for the (latitude, longitude) pair); got {lengthscale!r}."
-        )
-    return torch.tensor(values)
 
 
 @register("grid_encoder", "multi")

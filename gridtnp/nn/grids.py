@@ -267,3 +267,24 @@ def great_circle(a: Tensor, b: Tensor, radius: float = EARTH_RADIUS_KM) -> Tenso
     h = torch.sin((lat2 - lat1) / 2).square()
     h = h + torch.cos(lat1) * torch.cos(lat2) * torch.sin((lon2 - lon1) / 2).square()
     return haversine_distance(h, radius)
+
+
+def haversine_lengthscale(grid: Grid, lengthscale: float | Sequence[float] | None, where: str) -> Tensor:
+    """Starting length-scales ``[d - 1]`` for the haversine kernel: leading dims, then the (lat, lon) pair in km.
+
+    Default: 2 x spacing for leading dimensions and 2 x the coarser of the lat/lon spacings (in km at the
+    equator) for the pair.
+    """
+    if lengthscale is None:
+        spatial = 2.0 * math.radians(max(grid.spacing[-2:])) * EARTH_RADIUS_KM
+        values = [2.0 * s for s in grid.spacing[:-2]] + [spatial]
+    elif isinstance(lengthscale, (int, float)):
+        values = [float(lengthscale)] * (grid.ndim - 1)
+    else:
+        values = [float(v) for v in lengthscale]
+    if len(values) != grid.ndim - 1 or not all(v > 0 for v in values):
+        raise ValueError(
+            f"{where}: with distance='haversine', lengthscale must be one positive number or {grid.ndim - 1} "
+            f"(one per leading dimension, then one in km for the (latitude, longitude) pair); got {lengthscale!r}."
+        )
+    return torch.tensor(values)

@@ -3,7 +3,8 @@
 ``Tokens``: embedded observations of one source, ``x [B, N, Dx]``, ``z [B, N, D]``, ``mask [B, N]``.
 ``Latent``: what a grid encoder produces and a processor updates: either tokens on a regular grid
 ``[B, M1, ..., Md, D]`` (``grid`` set, ``mask``/``x`` None) or a padded set ``[B, N, D]`` with its
-``mask [B, N]`` and, where known, locations ``x [B, N, Dx]``.
+``mask [B, N]`` and, where known, locations ``x [B, N, Dx]`` and the context source of each token
+``source [B, N]`` (an index into the model's source names, set by the ``identity`` grid encoder).
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ def concat_sources(sources: dict[str, Tokens]) -> Tokens:
 
 @dataclass
 class Latent:
-    """Pseudo-tokens: on a grid ``[B, M1..Md, D]`` (``grid``) or a set ``[B, N, D]`` (``mask``, ``x``)."""
+    """Pseudo-tokens: on a grid ``[B, M1..Md, D]`` (``grid``) or a set ``[B, N, D]`` (``mask``, ``x``, ``source``)."""
 
     tokens: Tensor
     mask: Tensor | None = None
     x: Tensor | None = None
     grid: Grid | None = None
+    source: Tensor | None = None
 
     def with_tokens(self, tokens: Tensor) -> Latent:
         """The same latent with new tokens of the same layout."""

@@ -5,6 +5,8 @@ Interface: ``decoder(states: list[Latent], zt, xt) -> [B, Nt, D]``. A decoder wi
 (eq. 9); ``layers = 1`` reads the final state. The model passes the processor's number of states as ``layers``.
 
 * ``gridded``: ``knn``, ``te_knn``, ``kernel_interpolation`` (grid states).
+* ``interpolation``: ``interpolation`` (the learned linear-interpolation baseline).
+* ``kernel_averaging``: ``gka`` (Gaussian kernel averaging, dense or over the k nearest).
 * ``sets``: ``cross_attention``, ``concat``, ``te_cross_attention``, ``relational``, ``joint_self_attention``,
   ``transformer_decoder``.
 """
@@ -15,6 +17,8 @@ from gridtnp.nn.grid_decoders.gridded import (
     NeighbourCrossAttentionBlock,
     TEKNNDecoder,
 )
+from gridtnp.nn.grid_decoders.interpolation import InterpolationDecoder
+from gridtnp.nn.grid_decoders.kernel_averaging import GKADecoder
 from gridtnp.nn.grid_decoders.sets import (
     ConcatDecoder,
     CrossAttentionDecoder,
@@ -27,6 +31,8 @@ from gridtnp.nn.grid_decoders.sets import (
 __all__ = [
     "ConcatDecoder",
     "CrossAttentionDecoder",
+    "GKADecoder",
+    "InterpolationDecoder",
     "JointSelfAttentionDecoder",
     "KNNDecoder",
     "KernelInterpolationDecoder",

@@ -8,10 +8,12 @@ use the last entry.
 * ``sets``: ``transformer``, ``mean``, ``identity``, ``ist``, ``perceiver``, ``te_transformer``, ``te_perceiver``.
 * ``convolutional``: ``cnn``, ``unet`` (ConvCNP).
 * ``grid_transformers``: ``swin``, ``vit`` (gridded TNPs).
+* ``mixers``: ``hypermixer`` (HyperMixer token mixing, sets and grids).
 """
 
 from gridtnp.nn.processors.convolutional import CNNProcessor, GridConv, GridConvTranspose, UNetProcessor
 from gridtnp.nn.processors.grid_transformers import SwinProcessor, ViTProcessor
+from gridtnp.nn.processors.mixers import HyperMixerBlock, HyperMixerProcessor, HyperMixing
 from gridtnp.nn.processors.sets import (
     IdentityProcessor,
     InducedSetProcessor,
@@ -26,6 +28,9 @@ __all__ = [
     "CNNProcessor",
     "GridConv",
     "GridConvTranspose",
+    "HyperMixerBlock",
+    "HyperMixerProcessor",
+    "HyperMixing",
     "IdentityProcessor",
     "InducedSetProcessor",
     "MeanProcessor",
