@@ -256,12 +256,18 @@ def test_sigterm_and_sigint_save_the_step_reached_and_exit_non_zero(tmp_path, si
 
 def test_sigterm_under_ddp_saves_one_step_on_every_rank(tmp_path):
     """Rank 0 alone is signalled; both ranks stop after the same step, which last.ckpt holds, and the relaunch on
-    two processes goes on from there."""
+    two processes goes on from there with the same tasks and losses (1e-6) as an uninterrupted 2-process run."""
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    reference = run(fit_command(tmp_path / "ref", tmp_path / "ref_rec", *ddp), tmp_path, cli_env())
+    assert reference.returncode == 0
     _, records, _ = signal_and_resume(tmp_path, signal.SIGTERM, *ddp)
     for rank in (0, 1):
         steps = [r["step"] for r in read_records(records, rank) if r["kind"] == "train"]
         assert steps == list(range(1, 13)), (rank, steps)  # nothing redone, nothing skipped, on both ranks
+        expected, got = train_steps(tmp_path / "ref_rec", rank), train_steps(records, rank)
+        for step in expected:  # the same tasks and losses as an uninterrupted 2-process run
+            assert got[step]["task"] == pytest.approx(expected[step]["task"], rel=1e-9), (rank, step)
+            assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, (rank, step, got[step], expected[step])
 
 
 def test_sigusr1_outside_slurm_saves_and_training_goes_on(tmp_path):
