@@ -287,14 +287,18 @@ def document(kind: str, name: str) -> str:
     lines += [f"  {line}" if line else "" for line in (text or "(no description)").replace("``", "").splitlines()]
     args = arguments(kind, name)
     lines += ["", "Arguments:" if args else "Arguments: none"]
+    tag = "from the model specification" if kind == "model" else "set by the model"
     for a in args:
         head = f"  {a.name}" + (f": {a.annotation}" if a.annotation else "")
         head += " (required)" if a.default is None and not a.shared else f" = {a.default}" if a.default else ""
         lines.append(head)
-        lines.append(
-            f"      {a.doc.replace('``', '') or '(undocumented)'}" + ("  [set by the model]" if a.shared else "")
-        )
+        lines.append(f"      {a.doc.replace('``', '') or '(undocumented)'}" + (f"  [{tag}]" if a.shared else ""))
     shared = [a.name for a in args if a.shared]
     if shared:
-        lines += ["", f"Set by the model unless the recipe sets them: {', '.join(shared)}."]
+        where = (
+            "Taken from the model specification's top-level keys"
+            if kind == "model"
+            else "Set by the model unless the recipe sets them"
+        )
+        lines += ["", f"{where}: {', '.join(shared)}."]
     return "\n".join(lines)

@@ -1,5 +1,8 @@
 """Named model presets: functions returning a five-slot specification (see ``build_model``).
 
+Every preset takes ``dim_x``, ``dim_y`` and ``dim``; their meanings are documented once, in ``SHARED["model"]`` of
+``gridtnp.registry``, and each preset's ``Args:`` lists only its own arguments.
+
 ``create_model("tnp")`` builds one; ``gridtnp list model --params`` prints their sizes. Recipes in
 ``recipes/`` spell the same specifications out in YAML.
 """
@@ -26,13 +29,7 @@ def _spec(encoder: Spec, grid_encoder: Spec, processor: Spec, grid_decoder: Spec
 
 @register("model", "cnp")
 def cnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128) -> Spec:
-    """CNP: MLP deep set, mean aggregation, MLP decoder on cat[x_t, r] (Garnelo et al. 2018).
-
-    Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
-    """
+    """CNP: MLP deep set, mean aggregation, MLP decoder on cat[x_t, r] (Garnelo et al. 2018)."""
     return _spec(
         {"name": "mlp", "layers": 3},
         {"name": "identity"},
@@ -56,9 +53,6 @@ def tnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5) -> Spec
     """TNP: MHSA on the context, MHCA from context into targets after each layer (Nguyen & Grover 2022).
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         layers: context MHSA layers (each followed by a target MHCA block).
     """
     return _tnp_like({"name": "transformer", "layers": layers}, dim_x, dim_y, dim)
@@ -69,9 +63,6 @@ def pt_tnp_ist(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5, 
     """PT-TNP, IST style: U <- MHCA(U; Zc), zt <- MHCA(zt; U), Zc <- MHCA(Zc; U) per layer.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         layers: pseudo-token layers (each followed by a target MHCA block).
         num_tokens: number of pseudo-tokens M.
     """
@@ -83,9 +74,6 @@ def pt_tnp_perceiver(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int
     """PT-TNP, perceiver / LBANP style: U <- MHSA(MHCA(U; Zc)) per layer, targets read each U.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         layers: pseudo-token layers (each followed by a target MHCA block).
         num_tokens: number of pseudo-tokens M.
     """
@@ -101,9 +89,6 @@ def convcnp(
     Grid defaults: 128 points over [-4, 4] in 1-D; 32 per dimension over [-6, 6]^d otherwise.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         grid_size: grid points per dimension; null for 128 in 1-D and 32 otherwise.
         bound: the grid spans ``[-bound, bound]`` in every dimension; null for 4 in 1-D and 6 otherwise.
     """
@@ -144,9 +129,6 @@ def swin_tnp(
     grid decoder name. Window 4 up to 32 points per dimension, 8 above (the paper's 32 x 32 and 64 x 64 models).
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         grid_encoder: grid encoder name (e.g. ``pseudo_token``, ``kernel_interpolation``, ``average``), at its defaults.
         grid_size: grid points per dimension.
         bound: the grid spans ``[-bound, bound]`` in every dimension.
@@ -183,9 +165,6 @@ def vitnp(
     """ViTNP (gridded TNP paper): grid encoder, optional patch encoding, full MHSA, k-NN target decoding per layer.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         grid_encoder: grid encoder name (e.g. ``pseudo_token``, ``kernel_interpolation``, ``average``), at its defaults.
         grid_size: grid points per dimension.
         bound: the grid spans ``[-bound, bound]`` in every dimension.
@@ -226,9 +205,6 @@ def te_tnp(
     """TE-TNP (Ashman et al. 2024): value-only tokens, TE-MHSA on the context, TE-MHCA into the targets per layer.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         layers: context TE-MHSA layers (each followed by a target TE-MHCA block).
         variant: TE attention variant, ``post`` or ``pre``.
         rotation: rotation-invariant attention (rho sees distances only).
@@ -252,9 +228,6 @@ def te_pt_tnp(
     """TE-PT-TNP: pseudo-tokens at pseudo-locations (eq. 11), TE-MHCA from the context and TE-MHSA per layer.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         layers: pseudo-token layers (each followed by a target TE-MHCA block).
         num_tokens: number of pseudo-tokens M.
         variant: TE attention variant, ``post`` or ``pre``.
@@ -270,9 +243,6 @@ def rcnp(dim_x: int = 1, dim_y: int = 1, dim: int = 128, rotation: bool = False)
     """Simple RCNP (Huang et al. 2023): mean over the context of MLP(cat[x_t - x_n, nu(y_n)]), MLP decoder.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         rotation: the MLP sees distances ``||x_t - x_n||`` only (rotation equivariant too).
     """
     return _spec(
@@ -291,9 +261,6 @@ def msa(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 5) -> Spec
     """MSA: phi(x) + nu(y) context tokens, phi(x) target tokens, full MHSA over both together, MLP read-out.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         layers: MHSA blocks over the context and target tokens together.
     """
     return _spec(
@@ -312,9 +279,6 @@ def tfs(dim_x: int = 1, dim_y: int = 1, dim: int = 128, layers: int = 3) -> Spec
     """TFS: transformer encoder-decoder; MHSA over the context, then per layer target MHSA and MHCA to the context.
 
     Args:
-        dim_x: input dimension.
-        dim_y: output dimension.
-        dim: token width.
         layers: context MHSA layers, and as many decoder layers (target MHSA, then MHCA to the final context).
     """
     return _spec(
@@ -350,7 +314,6 @@ def interp(dim_x: int = 2, dim_y: int | dict[str, int] = 1, k: int = 4, power: f
     decoder's ``gridded`` for multilinear interpolation on their grid. The model's ``dim`` is the sources' ``dim_y``.
 
     Args:
-        dim_x: input dimension.
         dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
         k: nearest points of a scattered source that each target's inverse-distance weighting uses.
         power: exponent of the inverse distance.
@@ -363,7 +326,6 @@ def gka(dim_x: int = 2, dim_y: int | dict[str, int] = 1, lengthscale: float = 1.
     """Gaussian kernel averaging over every context point with learned per-dimension length-scales.
 
     Args:
-        dim_x: input dimension.
         dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
         lengthscale: starting length-scale in input units (learned per dimension).
         modulate: GKA-MLP: an MLP of the context location adds to each point's log-weight.
@@ -378,7 +340,6 @@ def gka_knn(
     """Gaussian kernel averaging over each target's ``k`` nearest context points (cell-list search).
 
     Args:
-        dim_x: input dimension.
         dim_y: output dimension, or ``{source: Dy}`` (all equal) for several sources.
         lengthscale: starting length-scale in input units (learned per dimension).
         k: nearest context points (in the length-scale-scaled metric) each target averages over.
