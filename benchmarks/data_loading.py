@@ -119,7 +119,7 @@ def main() -> None:
     args.store_dir.mkdir(parents=True, exist_ok=True)
     store = synthetic_store(args.store_dir, args.resolution, args.days)
     b, n = args.batch_size, args.batches
-    common = {"batch_size": b, "train_batches": n, "val_batches": 1, "test_batches": 1}
+    common = {"batch_size": b, "train_batches": n}
     glob_dates = {
         "train_dates": ("2019-01-01", f"2019-01-{args.days - 2:02d}"),
         "val_dates": (f"2019-01-{args.days - 1:02d}",) * 2,

@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader, Dataset
 from gridtnp.batch import Batch
 from gridtnp.data.datamodules import check_counts, generator_from
 from gridtnp.data.era5.base import SAMPLE_TRAIN_DATES, ERA5DataModule, check_fraction_range, masked_observations
+from gridtnp.data.era5.blocks import BlockLayout, draw_layouts
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
-from gridtnp.data.store import ChunkCache, coarsen_fields, normalisation_stats
+from gridtnp.data.store import ChunkCache, normalisation_stats
 from gridtnp.registry import ConfigError, register
 
 
@@ -42,21 +43,26 @@ class StationReanalysisTask:
         grid_variables: Sequence[str],
         station_variable: str,
         stats: dict[str, tuple[float, float]],
-        grid_x: np.ndarray,
-        station_x: np.ndarray,
+        coords: tuple[np.ndarray, np.ndarray],
         station_index: np.ndarray,
-        coarsen: int,
+        layouts: dict[str, tuple[Sequence[int], Sequence[int] | None]],
         context_fraction: tuple[float, float],
-        target: str,
+        targets: str,
     ) -> None:
         self.cache, self.grid_variables, self.station_variable = cache, list(grid_variables), station_variable
         self.mean = np.array([stats[v][0] for v in self.grid_variables], dtype=np.float32)
         self.std = np.array([stats[v][1] for v in self.grid_variables], dtype=np.float32)
         self.station_mean, self.station_std = (np.float32(s) for s in stats[station_variable])
-        self.grid_x = torch.from_numpy(grid_x.astype(np.float32))  # [G, 2] coarse cell centres (lat, lon)
-        self.station_x = station_x.astype(np.float32)  # [S, 2]
+        self.lat, self.lon = (np.asarray(c, dtype=np.float64) for c in coords)
+        self.shape = (len(self.lat), len(self.lon))
+        self.wrap_lon = (
+            bool(np.isclose(abs(self.lon[1] - self.lon[0]) * len(self.lon), 360.0)) if len(self.lon) > 1 else False
+        )
         self.station_index = station_index  # [2, S] (lat, lon) index of each station's grid point
-        self.coarsen, self.context_fraction, self.target = max(int(coarsen), 1), context_fraction, target
+        self.station_flat = station_index[0] * self.shape[1] + station_index[1]  # [S]
+        # x is the grid point the value is read from (as in the paper), not the CSV coordinate up to half a cell away.
+        self.station_x = np.stack([self.lat[station_index[0]], self.lon[station_index[1]]], -1).astype(np.float32)
+        self.layouts, self.context_fraction, self.targets = layouts, context_fraction, targets
 
     @property
     def num_stations(self) -> int:
@@ -73,10 +79,9 @@ class StationReanalysisTask:
     ) -> Batch:
         """``batch_size`` tasks at random hours of ``split``: context ``grid [B, G, Dy]`` and ``stations``, targets.
 
-        For predictions: ``pick [B]`` fixes the hours (indices into the split), ``share`` the stations' context
-        share, and ``target_x [P, 2]`` replaces the station targets by those points (values unknown: ``y = 0``);
-        with ``share`` and no ``target_x`` every station is a target, and ``extras["is_context"] [B, S]`` says
-        which were in the context.
+        ``pick [B]`` fixes the hours (indices into the split), ``share`` the stations' context share, and
+        ``target_x [P, 2]`` replaces the station targets by those points (values unknown: ``y = 0``). Each task's
+        coarse lattice follows ``layouts[split.name]`` (``layouts["train"]`` for other names).
         """
         b, s = batch_size, self.num_stations
         if pick is None:
@@ -85,36 +90,35 @@ class StationReanalysisTask:
         share_b = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64)
         n_ctx = np.minimum(np.floor(share_b.numpy() * s).astype(np.int64), s - 1)  # at least one target
         perm = torch.argsort(torch.rand(b, s, generator=generator), dim=1).numpy()  # [B, S] random station order
+        factors, offset = self.layouts.get(split.name, self.layouts["train"])
+        layout = BlockLayout(*draw_layouts(b, factors, offset, generator), self.shape, self.wrap_lon)
 
         t_target, t_grid = split.target_time[pick], split.grid_time[pick]
         requests = [(v, t_grid) for v in self.grid_variables] + [(self.station_variable, t_target)]
         baseline_in_grid = self.station_variable in self.grid_variables
         if not baseline_in_grid:
             requests.append((self.station_variable, t_grid))
-        fields = self.cache.read(requests)
-        coarse = coarsen_fields(np.stack(fields[: len(self.grid_variables)], axis=1), self.coarsen)  # [B, V, h, w]
-        coarse_station = (
-            coarse[:, self.grid_variables.index(self.station_variable)]
-            if baseline_in_grid
-            else coarsen_fields(fields[-1], self.coarsen)
-        )  # [B, h, w], the station variable on the coarse grid at the grid time
+        fields = [f.reshape(b, -1) for f in self.cache.read(requests)]  # [B, H * W] each
+        n_grid = len(self.grid_variables)
+        coarse = layout.means(np.stack(fields[:n_grid] if baseline_in_grid else [*fields[:n_grid], fields[-1]], -1))
+        coarse_station = coarse[..., self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
+        coarse = coarse[..., :n_grid]  # [B, G, V] the grid variables at the grid time, block means
 
-        # On-the-grid context: every coarse cell, normalised; cells with a NaN in any variable are masked out.
-        y_grid = (coarse.reshape(b, coarse.shape[1], -1).transpose(0, 2, 1) - self.mean) / self.std  # [B, G, V]
-        grid_ok = np.isfinite(y_grid).all(-1)
-        lat_i, lon_i = self.station_index
+        # On-the-grid context: every block of the task's layout, at the mean of its points' coordinates,
+        # normalised; blocks with a NaN in any variable (or padding beyond a task's block count) are masked out.
+        grid_x = layout.coordinates(self.lat, self.lon)  # [B, G, 2]
+        y_grid = ((coarse - self.mean) / self.std).astype(np.float32)
+        grid_ok = np.isfinite(y_grid).all(-1) & layout.exists
         rows = np.arange(b)[:, None]
-        station_y = (fields[len(self.grid_variables)][rows, lat_i, lon_i] - self.station_mean) / self.station_std
-        station_ok = np.isfinite(station_y)  # [B, S]
-        baseline = (coarse_station[rows, lat_i // self.coarsen, lon_i // self.coarsen] - self.station_mean) / (
-            self.station_std
-        )
+        station_y = (fields[n_grid][:, self.station_flat] - self.station_mean) / self.station_std  # [B, S]
+        station_ok = np.isfinite(station_y)
+        baseline = (coarse_station[rows, layout.block_of(self.station_flat)] - self.station_mean) / self.station_std
 
-        # Off-the-grid context: the first n_ctx stations of each task's order; targets: the rest (or all).
+        # Off-the-grid context: the first n_ctx stations of each task's order; targets: the rest, or every station.
         width_c = max(int(n_ctx.max()), 1)
         idx_c = perm[:, :width_c]
         mask_c = (np.arange(width_c) < n_ctx[:, None]) & np.take_along_axis(station_ok, idx_c, 1)
-        if self.target == "held_out" and share is None:
+        if self.targets == "held_out" and share is None:
             width_t = s - int(n_ctx.min())
             pos = n_ctx[:, None] + np.arange(width_t)
             idx_t = np.take_along_axis(perm, np.minimum(pos, s - 1), 1)
@@ -124,10 +128,13 @@ class StationReanalysisTask:
             mask_t = np.ones((b, s), dtype=bool)
         mask_t = mask_t & np.take_along_axis(station_ok, idx_t, 1)
 
-        y_t = np.take_along_axis(station_y, idx_t, 1)
-        coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, 0.0) ** 2  # [B, Nt]
         context = {
-            "grid": masked_observations(self.grid_x.expand(b, -1, -1), y_grid, grid_ok, "context['grid']"),
+            "grid": masked_observations(
+                torch.from_numpy(np.where(grid_ok[..., None], grid_x, 0.0).astype(np.float32)),
+                y_grid,
+                grid_ok,
+                "context['grid']",
+            ),
             "stations": masked_observations(
                 torch.from_numpy(self.station_x[idx_c]),
                 np.take_along_axis(station_y, idx_c, 1)[..., None],
@@ -144,12 +151,13 @@ class StationReanalysisTask:
             x_t = torch.from_numpy(np.ascontiguousarray(target_x, dtype=np.float32)).expand(b, p, 2)
             target = masked_observations(x_t, np.zeros((b, p, 1), np.float32), np.ones((b, p), bool), "target")
             return Batch(context, target, extras)
+        y_t = np.take_along_axis(station_y, idx_t, 1)
+        coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, 0.0) ** 2  # [B, Nt]
         target = masked_observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
         extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
-        if share is not None:
-            is_context = np.zeros((b, s), dtype=bool)
-            np.put_along_axis(is_context, idx_c, mask_c, axis=1)
-            extras["is_context"] = torch.from_numpy(is_context)
+        is_context = np.zeros((b, s), dtype=bool)
+        np.put_along_axis(is_context, idx_c, mask_c, axis=1)  # [B, S] by station
+        extras["is_context"] = torch.from_numpy(np.take_along_axis(is_context, idx_t, 1) & mask_t)  # [B, Nt]
         return Batch(context, target, extras)
 
 
@@ -163,25 +171,47 @@ class _SplitTask:
         return self.task.sample(batch_size, generator, self.split)
 
 
-class _PredictSet(Dataset):
-    """Prediction batches of a ``StationReanalysisDataModule``: consecutive hours of its ``predict_split``."""
+class _HourSet(Dataset):
+    """Every ``stride``-th hour of a split once, in order, ``draws`` tasks in a row per hour (each its own context
+    draw), ``batch_size`` tasks a batch; batch ``i`` is drawn from the generator seeded with ``(seed, tag, i)``."""
 
-    def __init__(self, dm: StationReanalysisDataModule) -> None:
-        self.task, self.split = dm.task, dm.splits[dm.predict_split]
-        self.batch_size, self.seed, self.share = dm.batch_size, dm.seed, dm.predict_context_fraction
-        points = dm.predict_points()
-        self.target_x = None
-        if points is not None:
-            lat, lon = np.meshgrid(*points, indexing="ij")
-            self.target_x = np.stack([lat.ravel(), lon.ravel()], -1)  # [H * W, 2]
+    def __init__(
+        self,
+        task: StationReanalysisTask,
+        split: _Split,
+        batch_size: int,
+        seed: int,
+        tag: str,
+        draws: int = 1,
+        share: float | None = None,
+        target_x: np.ndarray | None = None,
+        stride: int = 1,
+    ) -> None:
+        self.task, self.split, self.batch_size, self.seed, self.tag = task, split, batch_size, seed, tag
+        self.hours = np.repeat(np.arange(0, len(split.target_time), stride), draws)  # [T / stride * draws]
+        self.share, self.target_x = share, target_x
 
     def __len__(self) -> int:
-        return -(-len(self.split.target_time) // self.batch_size)
+        return -(-len(self.hours) // self.batch_size)
 
     def __getitem__(self, index: int) -> Batch:
-        pick = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, len(self.split.target_time)))
-        generator = generator_from(self.seed, "predict", int(index))
+        if not 0 <= index < len(self):
+            raise IndexError(f"{self.tag} set has {len(self)} batches; got index {index}.")
+        pick = self.hours[index * self.batch_size : (index + 1) * self.batch_size]
+        generator = generator_from(self.seed, self.tag, int(index))
         return self.task.sample(len(pick), generator, self.split, pick, self.share, self.target_x)
+
+
+def check_offset(where: str, name: str, value: Sequence[int], factors: Sequence[int]) -> tuple[int, int]:
+    """``(lat, lon)`` block offsets as ints, or a ConfigError unless ``0 <= offset < factor`` for every factor."""
+    smallest = min(factors)
+    if isinstance(value, str) or len(value) != 2 or not all(isinstance(o, int) and 0 <= o < smallest for o in value):
+        allowed = "'random' or " if name == "coarsen_offset" else ""
+        raise ConfigError(
+            f"{where}: {name} must be {allowed}[lat, lon] integers in 0..{smallest - 1} (fine cells before the first "
+            f"block edge, below the block size {smallest}); got {value!r}."
+        )
+    return int(value[0]), int(value[1])
 
 
 @register("datamodule", "era5_stations")
@@ -191,19 +221,29 @@ class StationReanalysisDataModule(ERA5DataModule):
     The gridded TNP paper's station experiment has skt on the grid and t2m at the stations (``grid_variables:
     [skt]``); the default ``[t2m]`` (the embedded sample's only variable) makes it a downscaling variant.
 
-    Each task is one random hour of the split. Context ``"grid"``: every grid variable at ``time_offset_hours``
-    before that hour, averaged over ``coarsen x coarsen`` blocks (NaN-aware), at the blocks' centres
-    ``x = (lat, lon)`` in degrees, ``y [B, G, len(grid_variables)]``. Context ``"stations"``: a share
-    ``~ U[context_fraction]`` of the distinct stations inside the store's box, ``y`` = ``station_variable`` at the
-    station's nearest grid point (values from ERA5, as in the paper), ``x`` = that grid point's coordinates (so a
-    value and its location agree; the CSV coordinates stay in ``station_table`` and the predictions). Targets: the
-    other stations (``held_out``) or all. Values are normalised with the store's training-period statistics; NaNs
+    Each training task is one random hour of the split; validation and test cover every hour of their dates once,
+    in order (``eval_draws`` context draws per hour). Context ``"grid"``: every grid variable at
+    ``time_offset_hours`` before that hour, averaged over ``c x c`` blocks (NaN-aware), at the mean coordinates of
+    each block's points ``x = (lat, lon)`` in degrees, ``y [B, G, len(grid_variables)]`` (padded and masked: ``G``
+    depends on the layout). The layout changes from training task to training task: ``c`` is drawn from
+    ``coarsen`` and the first block edge from ``0..c-1`` fine cells along each dimension (``coarsen_offset:
+    random``), so a model cannot learn where the coarse cells happen to start; evaluation uses one fixed layout
+    (``eval_coarsen``, ``eval_offset``), which can be set to any other (e.g. to test a shifted lattice).
+
+    Context ``"stations"``: a share ``~ U[context_fraction]`` of the distinct stations inside the store's box, ``y``
+    = ``station_variable`` at the station's nearest grid point (values from ERA5, as in the paper), ``x`` = that
+    grid point's coordinates (so a value and its location agree; the CSV coordinates stay in ``station_table`` and
+    the predictions). Targets: every
+    station (``targets: all``, context stations included, so that a model learns to give back what it was shown)
+    or the other stations (``held_out``). Values are normalised with the store's training-period statistics; NaNs
     are masked out (and zeroed). Stations snapping to a grid point that an earlier station already has are dropped
     (``unique_grid_points``), so no target shares its value with a context station.
 
     ``extras`` per task: ``target_scale`` (the station variable's std: metrics in physical units),
     ``coarse_sq_err [B, Nt]`` (squared normalised error of predicting each target by the coarse cell of the station
-    variable containing it, at the grid time; 0 for masked targets) and ``hour`` (index into the store's time axis).
+    variable containing it, at the grid time; 0 for masked targets), ``is_context [B, Nt]`` (the target station is
+    in the context: metrics are also reported for context and held-out stations apart) and ``hour`` (index into
+    the store's time axis).
 
     Args:
         store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample once into
@@ -211,18 +251,24 @@ class StationReanalysisDataModule(ERA5DataModule):
         stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
         station_variable: the variable observed at the stations (context and targets).
         grid_variables: the variables of the on-the-grid context.
-        coarsen: block size of the on-the-grid context (4: 0.25 -> 1 degree); 1 keeps the store's resolution.
+        coarsen: block size of the on-the-grid context in fine cells (4: 0.25 -> 1 degree; 1 keeps the store's
+            resolution), or a list of sizes, one drawn per training task.
+        coarsen_offset: where training tasks' blocks start, in fine cells from the store's first row / column:
+            ``random`` (uniform in ``0..c-1`` per dimension and task) or a fixed ``[lat, lon]`` pair.
+        eval_coarsen: block size for validation, test and predictions; null: ``coarsen`` (its first entry if a list).
+        eval_offset: ``[lat, lon]`` offset of the first block edge for validation, test and predictions.
         context_fraction: ``(a, b)``: each task uses a share ``~ U[a, b]`` of the stations as context
             (the paper's U[0, 0.3]).
-        target: ``"held_out"`` (stations not in the context) or ``"all"``.
+        targets: ``"all"`` (every station, context ones included) or ``"held_out"`` (stations not in the context).
         train_dates: inclusive ``(start, end)`` date strings of the training split.
         val_dates: inclusive ``(start, end)`` date strings of the validation split.
         test_dates: inclusive ``(start, end)`` date strings of the test split.
         time_offset_hours: the grid context is from this many hours before the target hour (nowcasting).
         batch_size: tasks per batch.
         train_batches: batches per training epoch (per rank).
-        val_batches: batches in the fixed validation set.
-        test_batches: batches in the fixed test set.
+        eval_draws: tasks per hour in validation and test (each a different context draw, fixed by ``seed``).
+        eval_stride: validation and test take every ``eval_stride``-th hour of their dates (1: every hour; e.g. 24
+            for a year of validation hours).
         seed: base seed of every split.
         num_workers: DataLoader workers (each opens its own handle on the store).
         cache_chunks: time chunks per variable kept in memory in each process.
@@ -249,17 +295,20 @@ class StationReanalysisDataModule(ERA5DataModule):
         stations: str | None = None,
         station_variable: str = "t2m",
         grid_variables: Sequence[str] = ("t2m",),
-        coarsen: int = 4,
+        coarsen: int | Sequence[int] = 4,
+        coarsen_offset: Literal["random"] | tuple[int, int] = "random",
+        eval_coarsen: int | None = None,
+        eval_offset: tuple[int, int] = (0, 0),
         context_fraction: tuple[float, float] = (0.0, 0.3),
-        target: Literal["held_out", "all"] = "held_out",
+        targets: Literal["all", "held_out"] = "all",
         train_dates: tuple[str, str] = SAMPLE_TRAIN_DATES,
         val_dates: tuple[str, str] = ("2019-03-22", "2019-03-26"),
         test_dates: tuple[str, str] = ("2019-03-27", "2019-03-31"),
         time_offset_hours: int = 0,
         batch_size: int = 16,
         train_batches: int = 100,
-        val_batches: int = 16,
-        test_batches: int = 32,
+        eval_draws: int = 1,
+        eval_stride: int = 1,
         seed: int = 0,
         num_workers: int = 0,
         cache_chunks: int = 8,
@@ -278,8 +327,8 @@ class StationReanalysisDataModule(ERA5DataModule):
             dates,
             batch_size,
             train_batches,
-            val_batches,
-            test_batches,
+            1,
+            1,
             seed,
             num_workers,
             storage_options=storage_options,
@@ -290,16 +339,31 @@ class StationReanalysisDataModule(ERA5DataModule):
         where = "StationReanalysisDataModule"
         check_counts(
             where,
-            [("coarsen", coarsen, 1), ("time_offset_hours", time_offset_hours, 0), ("cache_chunks", cache_chunks, 1)],
+            [
+                ("time_offset_hours", time_offset_hours, 0),
+                ("cache_chunks", cache_chunks, 1),
+                ("eval_draws", eval_draws, 1),
+                ("eval_stride", eval_stride, 1),
+            ],
         )
-        if target not in ("held_out", "all"):
-            raise ConfigError(f"{where}: target must be 'held_out' or 'all'; got {target!r}.")
+        if targets not in ("held_out", "all"):
+            raise ConfigError(f"{where}: targets must be 'all' or 'held_out'; got {targets!r}.")
+        factors = [coarsen] if isinstance(coarsen, int) else list(coarsen)
+        check_counts(where, [(f"coarsen[{i}]", f, 1) for i, f in enumerate(factors)] or [("coarsen", None, 1)])
+        eval_factor = factors[0] if eval_coarsen is None else eval_coarsen
+        check_counts(where, [("eval_coarsen", eval_factor, 1)])
+        offset = None if coarsen_offset == "random" else check_offset(where, "coarsen_offset", coarsen_offset, factors)
+        # layouts per split: (block sizes to draw from, fixed offset or None for random)
+        self.layouts = {
+            "train": (factors, offset),
+            "eval": ([eval_factor], check_offset(where, "eval_offset", eval_offset, [eval_factor])),
+        }
         if isinstance(grid_variables, str) or not grid_variables:
             raise ConfigError(f"{where}: grid_variables must be a non-empty list of names; got {grid_variables!r}.")
         self.save_hyperparameters()
         self.stations = stations
         self.station_variable, self.grid_variables = station_variable, list(grid_variables)
-        self.coarsen, self.target = coarsen, target
+        self.targets, self.eval_draws, self.eval_stride = targets, eval_draws, eval_stride
         self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
         self.time_offset_hours = time_offset_hours
         self.cache_chunks, self.unique_grid_points = cache_chunks, unique_grid_points
@@ -358,8 +422,6 @@ class StationReanalysisDataModule(ERA5DataModule):
         self.units = str(ds[self.station_variable].attrs.get("units", ""))
         self.long_name = str(ds[self.station_variable].attrs.get("long_name", self.station_variable))
         station_index = np.stack([kept["lat_index"].to_numpy(np.int64), kept["lon_index"].to_numpy(np.int64)])
-        # x is the grid point the value is read from (as in the paper), not the CSV coordinate up to half a cell away.
-        station_x = np.stack([lat[station_index[0]], lon[station_index[1]]], -1).astype(np.float64)  # [S, 2]
 
         time = ds.indexes["time"]
         self.splits = {}
@@ -374,23 +436,16 @@ class StationReanalysisDataModule(ERA5DataModule):
                 )
             self.splits[name] = _Split(name, target_time[ok], grid_time[ok])
 
-        c = self.coarsen
-        hc, wc = -(-len(lat) // c), -(-len(lon) // c)
-        lat_c = coarsen_fields(np.broadcast_to(lat[:, None], (len(lat), len(lon))).astype(np.float32), c)
-        lon_c = coarsen_fields(np.broadcast_to(lon[None, :], (len(lat), len(lon))).astype(np.float32), c)
-        grid_x = np.stack([lat_c, lon_c], -1).reshape(hc * wc, 2)
-        cache = self.chunk_cache(variables)
         self.task = StationReanalysisTask(
-            cache,
+            self.chunk_cache(variables),
             self.grid_variables,
             self.station_variable,
             stats,
-            grid_x,
-            station_x,
+            (lat, lon),
             station_index,
-            c,
+            {"train": self.layouts["train"], "val": self.layouts["eval"], "test": self.layouts["eval"]},
             self.context_fraction,
-            self.target,
+            self.targets,
         )
 
     def predict_points(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -404,7 +459,25 @@ class StationReanalysisDataModule(ERA5DataModule):
     def predict_dataloader(self) -> DataLoader:
         """Every hour of ``predict_split`` in order, ``batch_size`` hours a batch, context drawn with a fixed seed."""
         self.setup()
-        return DataLoader(_PredictSet(self), shuffle=False, **self.loader_kwargs())
+        points, target_x = self.predict_points(), None
+        if points is not None:
+            lat, lon = np.meshgrid(*points, indexing="ij")
+            target_x = np.stack([lat.ravel(), lon.ravel()], -1)  # [H * W, 2]
+        assert self.task is not None
+        split = self.splits[self.predict_split]
+        share = self.predict_context_fraction
+        dataset = _HourSet(self.task, split, self.batch_size, self.seed, "predict", 1, share, target_x)
+        return DataLoader(dataset, shuffle=False, **self.loader_kwargs())
+
+    def eval_dataset(self, split: str) -> _HourSet:
+        """Every (``eval_stride``-th) hour of the ``"val"`` or ``"test"`` dates once, in order, ``eval_draws`` tasks
+        per hour."""
+        self.setup()
+        assert self.task is not None
+        split_hours = self.splits[split]
+        return _HourSet(
+            self.task, split_hours, self.batch_size, self.seed, split, self.eval_draws, stride=self.eval_stride
+        )
 
     def predictions_to_xarray(self, outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
         """``gridtnp predict`` outputs -> ``mean``, ``std`` in physical units on ``(time, station)`` with station
