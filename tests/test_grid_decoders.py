@@ -164,9 +164,10 @@ def test_knn_padding_and_target_independence(relative_position: bool) -> None:
     torch.testing.assert_close(one, out[1:2], atol=1e-6, rtol=1e-6)
 
 
-def test_knn_relative_position_matches_loop() -> None:
+@pytest.mark.parametrize("mode", [True, "keys_values"])
+def test_knn_relative_position_matches_loop(mode: bool | str) -> None:
     grid = GRIDS["2d_rolled"][0]
-    dec = knn(grid, k=9, relative_position=True)
+    dec = knn(grid, k=9, relative_position=mode)
     assert dec.blocks[0].rel is not None
     (state,) = grid_states(2, grid, 1)
     xt, zt = random_targets(2, 6, grid), torch.randn(2, 6, DIM)
@@ -183,7 +184,10 @@ def test_knn_relative_position_matches_loop() -> None:
             q = block.attn.to_q(block.norm_q(zt[b, t]))
             keys, values = block.attn.to_kv(u[b, nbrs]).chunk(2, -1)
             offs = torch.tensor([offset_in_spacings(xt[b, t].tolist(), coords[m], grid) for m in nbrs])
-            keys = keys + block.rel(offs)
+            rel = block.rel(offs)
+            keys = keys + rel[:, : HEADS * HEAD_DIM]
+            if mode == "keys_values":
+                values = values + rel[:, HEADS * HEAD_DIM :]
             heads = []
             for h in range(HEADS):
                 s = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)

@@ -19,6 +19,7 @@ from gridtnp.nn.grids import Grid, coarsen_grid, great_circle, se_weights
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import build_from_spec
 from tests.conftest import grid_coords
+from tests.test_grid_decoders import offset_in_spacings
 
 GRID = Grid([-1.0, 0.0], [1.0, 6.0], [5, 6], roll=[False, True])  # spacing (0.5, 1.0), dim 1 rolled
 
@@ -66,8 +67,11 @@ def nearest_cells(x: list[float], grid: Grid, k: int) -> list[int]:
     return sorted(flat, key=dist.__getitem__)[:k]
 
 
-def naive_block(enc: PseudoTokenGridEncoder, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """Pre-norm MHCA + MLP for one query ``[D]`` and keys ``[n, D]``, written out from the weights."""
+def naive_block(
+    enc: PseudoTokenGridEncoder, q: torch.Tensor, kv: torch.Tensor, rel: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Pre-norm MHCA + MLP for one query ``[D]`` and keys ``[n, D]``, written out from the weights; ``rel [n, 2 H Dh]``
+    is added to the projected keys and values."""
     blk, attn = enc.block, enc.block.attn
     dim = q.shape[-1]
     h, dh = attn.heads, attn.head_dim
@@ -76,7 +80,8 @@ def naive_block(enc: PseudoTokenGridEncoder, q: torch.Tensor, kv: torch.Tensor) 
     if kv.shape[0] > 0:
         kvn = F.layer_norm(kv, (dim,), blk.norm_kv.weight, blk.norm_kv.bias)
         qh = (qn @ attn.to_q.weight.T).view(h, dh)
-        keys, values = (kvn @ attn.to_kv.weight.T).split(h * dh, dim=-1)
+        projected = kvn @ attn.to_kv.weight.T
+        keys, values = (projected if rel is None else projected + rel).split(h * dh, dim=-1)
         keys, values = keys.view(-1, h, dh), values.view(-1, h, dh)
         heads = []
         for i in range(h):
@@ -94,6 +99,7 @@ def naive_pseudo_token(enc: PseudoTokenGridEncoder, t: Tokens, cap: int | None =
     grid = enc.grid
     m, dim = grid.num_points, enc.pseudo_tokens.shape[-1]
     u0 = enc.pseudo_tokens.reshape(m, dim)
+    coords = grid_coords(grid)
     out = torch.zeros(b, m, dim)
     for bi in range(b):
         near = [nearest_cells(t.x[bi, i].tolist(), grid, enc.k) if t.mask[bi, i] else [] for i in range(n)]
@@ -102,9 +108,12 @@ def naive_pseudo_token(enc: PseudoTokenGridEncoder, t: Tokens, cap: int | None =
             if cap is not None:  # keep the cap nearest points to the cell
                 members = sorted(members, key=lambda i: cell_distances(t.x[bi, i].tolist(), grid)[c])[:cap]
             kv = enc.proj_in(t.z[bi, members]) if members else torch.zeros(0, dim)
+            offsets = [offset_in_spacings(t.x[bi, i].tolist(), coords[c], grid) for i in members]
             if enc.self_key:
                 kv = torch.cat([u0[c : c + 1], kv])
-            out[bi, c] = naive_block(enc, u0[c], kv)
+                offsets = [[0.0] * grid.ndim, *offsets]
+            rel = None if enc.rel is None else enc.rel(torch.tensor(offsets).view(-1, grid.ndim))
+            out[bi, c] = naive_block(enc, u0[c], kv, rel)
     return out.reshape(b, *grid.shape, dim)
 
 
@@ -167,12 +176,27 @@ def test_pseudo_token_padding_cap_and_order() -> None:
     torch.testing.assert_close(enc({"p": shuffled}).tokens, capped)
 
 
-@pytest.mark.parametrize("self_key", [True, False])
-def test_pseudo_token_self_key_and_cap_match_naive_loop(self_key: bool) -> None:
-    enc = PseudoTokenGridEncoder(GRID, dim=16, in_dim=3, k=3, heads=2, head_dim=8, mlp_dim=32, self_key=self_key)
+@pytest.mark.parametrize(
+    ("self_key", "relative_position"), [(True, False), (False, False), (True, True), (False, True)]
+)
+def test_pseudo_token_self_key_and_cap_match_naive_loop(self_key: bool, relative_position: bool) -> None:
+    enc = PseudoTokenGridEncoder(
+        GRID,
+        dim=16,
+        in_dim=3,
+        k=3,
+        heads=2,
+        head_dim=8,
+        mlp_dim=32,
+        self_key=self_key,
+        relative_position=relative_position,
+    )
     enc.max_tokens_per_cell = 2
     t = random_tokens(2, 40, 3, GRID, valid=[40, 13])
     torch.testing.assert_close(enc({"p": t}).tokens, naive_pseudo_token(enc, t, cap=2), atol=1e-5, rtol=1e-4)
+    if relative_position:  # the same tokens elsewhere in their cells give other pseudo-tokens
+        moved = Tokens(t.x + 0.1, t.z, t.mask)
+        assert not torch.allclose(enc({"p": moved}).tokens, enc({"p": t}).tokens)
 
 
 def test_pseudo_token_empty_cells_attend_to_their_own_initial_token() -> None:

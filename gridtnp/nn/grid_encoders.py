@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import CrossAttentionBlock
+from gridtnp.nn.attention import CrossAttentionBlock, mlp
 from gridtnp.nn.grids import (
     Grid,
     coarsen_grid,
@@ -124,6 +124,10 @@ class PseudoTokenGridEncoder(nn.Module):
         mlp_dim: hidden width of the block's MLP.
         coarsen: block size in points, an int or one per dimension: encode onto the block centres; null: no coarsening.
         self_key: each cell's initial pseudo-token is also one of its keys (the reference code); false: context only.
+        relative_position: add a learned embedding of each context token's offset from the cell's grid point (in grid
+            spacings, wrapped along rolled dimensions) to its key and value, so a pseudo-token can tell where in its
+            cell each observation lies, whatever the absolute embedding resolves (an MLP ``d -> mlp_dim -> 2 heads
+            head_dim``).
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class PseudoTokenGridEncoder(nn.Module):
         mlp_dim: int = 128,
         coarsen: int | Sequence[int] | None = None,
         self_key: bool = True,
+        relative_position: bool = False,
     ) -> None:
         super().__init__()
         name = "pseudo_token"
@@ -154,6 +159,7 @@ class PseudoTokenGridEncoder(nn.Module):
         self.proj_in = nn.Identity() if self.in_dim == dim else nn.Linear(self.in_dim, dim)
         self.pseudo_tokens = nn.Parameter(torch.randn(*self.grid.shape, dim) * 0.02)
         self.block = CrossAttentionBlock(dim, heads, head_dim, mlp_dim)
+        self.rel = mlp(self.grid.ndim, 2 * heads * head_dim, mlp_dim) if relative_position else None
 
     def forward(self, sources: dict[str, Tokens]) -> Latent:
         t = concat_sources(sources)
@@ -204,7 +210,16 @@ class PseudoTokenGridEncoder(nn.Module):
             if self.self_key:
                 source[torch.arange(rows.numel(), device=rows.device) * width] = kv.shape[0] + torch.remainder(rows, m)
                 kv = torch.cat([kv, attn.to_kv(block.norm_kv(u0)).to(kv.dtype)])
-            k, v = kv[source].view(rows.numel(), width, -1).chunk(2, dim=-1)
+            kv = kv[source]
+            if self.rel is not None:
+                # Offset of each filled slot's token from its cell's grid point (0 for u0_m and padding).
+                g = grid_coordinates(self.grid, torch.remainder(bucket[keep], m), dtype=torch.float32)
+                x = t.x.flatten(0, 1)[point[keep]].float()
+                step = g.new_tensor(self.grid.spacing)
+                offset = g.new_zeros(rows.numel() * width, self.grid.ndim)
+                offset[row_of[bucket[keep]] * width + extra + rank[keep]] = self.grid.difference(x, g) / step
+                kv = kv + self.rel(offset.to(kv.dtype))
+            k, v = kv.view(rows.numel(), width, -1).chunk(2, dim=-1)
             filled = counts[rows].clamp(max=size) + extra
             key_mask = torch.arange(width, device=rows.device) < filled.unsqueeze(-1)
             q = block.norm_q(u0)[torch.remainder(rows, m)].unsqueeze(1)  # [R, 1, D]

@@ -8,6 +8,7 @@ are found by index arithmetic on the regular grid (``Grid.neighbours``), ``O(N_t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -144,8 +145,10 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
     """Pre-norm MHCA + MLP where each target ``[B, Nt, D]`` attends only to its own ``K`` gathered grid tokens.
 
     Same parameters as ``CrossAttentionBlock`` (a dense block with a neighbourhood mask is the reference), plus,
-    with ``rel_dim``, an MLP embedding of the target-to-grid-point offset that is added to the gathered keys. With a
-    ``TEAttention`` the offsets enter the logits through its ``rho`` instead.
+    with ``rel_dim``, an MLP embedding of the target-to-grid-point offset that is added to the gathered keys (and,
+    with ``rel_values``, a second one to the gathered values, so the update can depend on where each grid point
+    lies, not only on which one is weighted). With a ``TEAttention`` the offsets enter the logits through its
+    ``rho`` instead.
     """
 
     def __init__(
@@ -156,9 +159,11 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
         mlp_dim: int = 128,
         rel_dim: int | None = None,
         attention: MultiHeadAttention | None = None,
+        rel_values: bool = False,
     ) -> None:
         super().__init__(dim, heads, head_dim, mlp_dim, attention=attention)
-        self.rel = mlp(rel_dim, heads * head_dim, mlp_dim) if rel_dim else None
+        self.rel = mlp(rel_dim, heads * head_dim * (1 + rel_values), mlp_dim) if rel_dim else None
+        self.rel_values = bool(rel_dim) and rel_values
 
     def forward(  # type: ignore[override]
         self, zq: Tensor, zkv: Tensor, index: Tensor, valid: Tensor, offset: Tensor | None = None
@@ -177,7 +182,10 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
             raise ValueError("NeighbourCrossAttentionBlock with rel_dim or TE attention needs the neighbours' offsets.")
         if self.rel is not None:
             rel = self.rel(offset.to(self.rel[0].weight.dtype))
-            keys = keys + rel.view(b * nt, k, attn.heads, attn.head_dim).transpose(1, 2)
+            rel = rel.view(b * nt, k, 1 + self.rel_values, attn.heads, attn.head_dim).transpose(1, 3)  # [BNt,H,2,K,Dh]
+            keys = keys + rel[:, :, 0]
+            if self.rel_values:
+                values = values + rel[:, :, 1]
         # Targets become the batch dimension: one attention call, queries [B*Nt, 1, D] vs keys [B*Nt, H, K, Dh].
         q = self.norm_q(zq).reshape(b * nt, 1, zq.shape[-1])
         key_mask = valid.reshape(b * nt, k)
@@ -197,9 +205,10 @@ class KNNDecoder(nn.Module):
     ordinary dimension a target attends only to the grid points that exist (a target with none gets a zero
     attention update). One block per processor state, so targets are refreshed after every processor layer
     (TNP eq. 9). ``relative_position`` adds a learned embedding of ``(x_t - g) / spacing`` (wrapped) to each
-    gathered key, so attention can depend on where a grid point lies relative to the target, not only on its
-    token; the embedding is an MLP ``d -> mlp_dim -> heads * head_dim`` per block. The state's grid is used when
-    it carries one (a processor may coarsen it), else ``grid``.
+    gathered key (``true`` or ``keys``; ``keys_values``: to the values too), so attention can depend on where a
+    grid point lies relative to the target, not only on its token; the embedding is an MLP ``d -> mlp_dim ->
+    heads * head_dim`` per block (twice that with values). The state's grid is used when it carries one (a
+    processor may coarsen it), else ``grid``.
 
     Args:
         grid: the grid of the states unless a state carries its own (passed by the model).
@@ -209,7 +218,8 @@ class KNNDecoder(nn.Module):
         heads: attention heads.
         head_dim: width of each head.
         mlp_dim: hidden width of each block's MLP (and of the ``relative_position`` embedding).
-        relative_position: add a learned embedding of the target-to-grid-point offset to each gathered key.
+        relative_position: add a learned embedding of the target-to-grid-point offset to each gathered key (``true``
+            or ``"keys"``), or to each key and value (``"keys_values"``); ``false``: none.
         dim_x: input dimension Dx (sizes the ``relative_position`` offset features; the grid's dimension if not given).
     """
 
@@ -222,16 +232,27 @@ class KNNDecoder(nn.Module):
         heads: int = 8,
         head_dim: int = 16,
         mlp_dim: int = 128,
-        relative_position: bool = False,
+        relative_position: bool | Literal["keys", "keys_values"] = False,
         dim_x: int | None = None,
     ) -> None:
         super().__init__()
+        if relative_position not in (False, True, "keys", "keys_values"):
+            raise ValueError(
+                f"grid decoder '{self.registry_name}': relative_position must be false, true, 'keys' or "
+                f"'keys_values'; got {relative_position!r}."
+            )
         rel_dim = (
             offset_dim(grid, dim_x, f"grid decoder '{self.registry_name}' with relative_position")
             if relative_position
             else None
         )
-        self.build(grid, k, layers, lambda: NeighbourCrossAttentionBlock(dim, heads, head_dim, mlp_dim, rel_dim))
+        values = relative_position == "keys_values"
+        self.build(
+            grid,
+            k,
+            layers,
+            lambda: NeighbourCrossAttentionBlock(dim, heads, head_dim, mlp_dim, rel_dim, rel_values=values),
+        )
 
     def build(self, grid: Grid | None, k: int, layers: int, block: Callable[[], NeighbourCrossAttentionBlock]) -> None:
         """Check ``k`` and ``layers``, then make ``layers`` blocks."""
