@@ -14,7 +14,7 @@ import torch
 from gridtnp.nn.attention import CrossAttentionBlock
 from gridtnp.nn.grid_decoders import KernelInterpolationDecoder, KNNDecoder
 from gridtnp.nn.grids import Grid
-from gridtnp.nn.tokens import Latent
+from gridtnp.nn.tokens import Latent, Tokens
 from gridtnp.registry import ConfigError, build_from_spec
 from tests.conftest import grid_coords
 
@@ -299,3 +299,46 @@ def test_kernel_interpolation_nearest_uses_state_grid_and_validates() -> None:
         KernelInterpolationDecoder(fine, nearest=0)
     with pytest.raises(ValueError, match="grid tokens"):
         dec([Latent(u)], None, xt)  # 5 tokens without a grid: the decoder's grid has 9
+
+
+def test_knn_context_skip_matches_loop() -> None:
+    """context_k: each target attends in one softmax to its grid neighbours and its nearest context tokens of the
+    chosen sources (brute-force nearest here), with offsets in grid spacings on both."""
+    grid = GRIDS["2d"][0]
+    dec = knn(grid, k=4, relative_position="keys_values", context_k=3, context_sources=["stations"])
+    (state,) = grid_states(2, grid, 1)
+    xt, zt = random_targets(2, 5, grid), torch.randn(2, 5, DIM)
+    xc = torch.rand(2, 7, 2) * 2 - 1
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    mask[1, 5:] = False  # padding is never a neighbour
+    stations = Tokens(xc, torch.randn(2, 7, DIM), mask)
+    other = Tokens(torch.zeros(2, 1, 2), torch.randn(2, 1, DIM), torch.ones(2, 1, dtype=torch.bool))  # not read
+    out = dec([state], zt, xt, context={"grid": other, "stations": stations})
+    block, coords, step = dec.blocks[0], grid_coords(grid), torch.tensor(grid.spacing)
+    near_grid = neighbour_mask(xt, grid, 4)
+    ref = torch.zeros(2, 5, DIM)
+    for b in range(2):  # explicit loop over tasks and targets
+        for t in range(5):
+            g = near_grid[b, t].nonzero().flatten().tolist()
+            dist = [float((xt[b, t] - xc[b, i]).norm()) if mask[b, i] else math.inf for i in range(7)]
+            c = sorted(range(7), key=dist.__getitem__)[:3]
+            tokens = torch.cat([state.tokens[b].reshape(-1, DIM)[g], stations.z[b, c]])
+            offs = [offset_in_spacings(xt[b, t].tolist(), coords[m], grid) for m in g]
+            offs += [((xt[b, t] - xc[b, i]) / step).tolist() for i in c]
+            q = block.attn.to_q(block.norm_q(zt[b, t]))
+            keys, values = block.attn.to_kv(block.norm_kv(tokens)).chunk(2, -1)
+            rel = block.rel(torch.tensor(offs))
+            keys, values = keys + rel[:, : HEADS * HEAD_DIM], values + rel[:, HEADS * HEAD_DIM :]
+            heads = []
+            for h in range(HEADS):
+                s = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
+                w = torch.softmax(keys[:, s] @ q[s] / math.sqrt(HEAD_DIM), 0)
+                heads.append(w @ values[:, s])
+            ref[b, t] = block.attn.out(torch.cat(heads))
+    ref = zt + ref
+    ref = ref + block.mlp(block.norm2(ref))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="context_sources"):
+        dec([state], zt, xt, context={"grid": other})
+    with pytest.raises(ValueError, match="context_k must be an integer >= 0"):
+        knn(grid, context_k=-1)

@@ -75,6 +75,8 @@ class NeuralProcess(nn.Module):
         latent = self.grid_encoder(tokens)
         states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
+        if getattr(self.grid_decoder, "takes_context", False):  # a decoder with a skip connection from the context
+            return self.likelihood(self.grid_decoder(states, zt, xt, context=tokens))
         return self.likelihood(self.grid_decoder(states, zt, xt))
 
     def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:

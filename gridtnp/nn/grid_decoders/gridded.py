@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, mlp, te_attention
 from gridtnp.nn.grids import Grid, initial_lengthscale, se_weights
-from gridtnp.nn.tokens import Latent, last_states
+from gridtnp.nn.neighbours import knn_points
+from gridtnp.nn.tokens import Latent, Tokens, concat_sources, last_states
 from gridtnp.registry import register
 
 
@@ -210,6 +211,12 @@ class KNNDecoder(nn.Module):
     heads * head_dim`` per block (twice that with values). The state's grid is used when it carries one (a
     processor may coarsen it), else ``grid``.
 
+    ``context_k > 0`` adds a skip connection from the context: each target also attends, in the same softmax, to its
+    ``context_k`` nearest context tokens (the encoders' tokens of ``context_sources``, found by cell lists:
+    ``gridtnp.nn.neighbours``; Euclidean in the input coordinates, nothing wraps), with their offsets in grid
+    spacings. A target at an observed location then sees
+    that observation itself, not only the grid tokens it was merged into, and can give it back.
+
     Args:
         grid: the grid of the states unless a state carries its own (passed by the model).
         dim: token width D.
@@ -221,6 +228,8 @@ class KNNDecoder(nn.Module):
         relative_position: add a learned embedding of the target-to-grid-point offset to each gathered key (``true``
             or ``"keys"``), or to each key and value (``"keys_values"``); ``false``: none.
         dim_x: input dimension Dx (sizes the ``relative_position`` offset features; the grid's dimension if not given).
+        context_k: also attend to this many nearest context tokens per target (0: grid tokens only).
+        context_sources: the context sources whose tokens ``context_k`` reads; null: every source.
     """
 
     def __init__(
@@ -234,8 +243,17 @@ class KNNDecoder(nn.Module):
         mlp_dim: int = 128,
         relative_position: bool | Literal["keys", "keys_values"] = False,
         dim_x: int | None = None,
+        context_k: int = 0,
+        context_sources: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(context_k, bool) or not isinstance(context_k, int) or context_k < 0:
+            raise ValueError(
+                f"grid decoder '{self.registry_name}': context_k must be an integer >= 0; got {context_k!r}."
+            )
+        self.context_k = context_k
+        self.context_sources = None if context_sources is None else list(context_sources)
+        self.takes_context = context_k > 0  # the model passes the context tokens to forward
         if relative_position not in (False, True, "keys", "keys_values"):
             raise ValueError(
                 f"grid decoder '{self.registry_name}': relative_position must be false, true, 'keys' or "
@@ -266,16 +284,44 @@ class KNNDecoder(nn.Module):
         self.grid, self.k = grid, k
         self.blocks = nn.ModuleList(block() for _ in range(layers))
 
-    def forward(self, states: list[Latent], zt: Tensor, xt: Tensor) -> Tensor:
-        """Target tokens ``zt [B, Nt, D]`` at ``xt [B, Nt, Dx]`` -> ``[B, Nt, D]``."""
+    def forward(self, states: list[Latent], zt: Tensor, xt: Tensor, context: dict[str, Tokens] | None = None) -> Tensor:
+        """Target tokens ``zt [B, Nt, D]`` at ``xt [B, Nt, Dx]`` -> ``[B, Nt, D]`` (``context``: the encoders' tokens
+        per source, read with ``context_k``)."""
         xt = xt.float()  # coordinates such as longitudes lose too much in bf16
         neighbourhoods: dict[Grid, tuple[Tensor, Tensor, Tensor | None]] = {}  # one lookup per distinct grid
+        skip = self._context_tokens(context, xt) if self.context_k else None
         for block, state in zip(self.blocks, last_states(states, len(self.blocks), self.registry_name), strict=True):
             grid = state_grid(state, self.grid, self.registry_name)
             if grid not in neighbourhoods:
                 neighbourhoods[grid] = self._neighbours(grid, xt, block.rel is not None or block.attn.located)
-            zt = block(zt, state.flat()[0], *neighbourhoods[grid])
+            tokens, (index, valid, offset) = state.flat()[0], neighbourhoods[grid]
+            if skip is not None:
+                # Context tokens follow the grid's: one softmax over K grid and context_k context neighbours.
+                z, c_index, c_valid, c_offset = skip
+                index = torch.cat([index, c_index + tokens.shape[1]], -1)
+                valid = torch.cat([valid, c_valid], -1)
+                if offset is not None:
+                    offset = torch.cat([offset, c_offset / offset.new_tensor(grid.spacing)], -2)
+                tokens = torch.cat([tokens, z.to(tokens.dtype)], 1)
+            zt = block(zt, tokens, index, valid, offset)
         return zt
+
+    def _context_tokens(self, context: dict[str, Tokens] | None, xt: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The ``context_k`` nearest context tokens of each target: tokens ``[B, Nc, D]``, indices and validity
+        ``[B, Nt, k]`` and target-to-context offsets ``[B, Nt, k, d]`` in input units."""
+        name = self.registry_name
+        if not context:
+            raise ValueError(f"grid decoder {name!r} with context_k needs the context tokens; the model passes them.")
+        names = self.context_sources or list(context)
+        missing = sorted(set(names) - set(context))
+        if missing:
+            raise ValueError(f"grid decoder {name!r}: context_sources {missing} are not among {sorted(context)}.")
+        t = concat_sources({n: context[n] for n in names})
+        xc = t.x.float()
+        index, valid = knn_points(xc, t.mask, xt, self.context_k)
+        near = torch.gather(xc, 1, index.flatten(1).unsqueeze(-1).expand(-1, -1, xc.shape[-1]))
+        offset = xt.unsqueeze(-2) - near.view(*index.shape, xc.shape[-1])  # [B, Nt, k, d]
+        return t.z, index, valid, offset
 
     def _neighbours(self, grid: Grid, xt: Tensor, offsets: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """Flat indices and validity ``[B, Nt, K]`` of the neighbours and, if needed, offsets ``[B, Nt, K, d]``."""
