@@ -144,3 +144,15 @@ def test_a_users_own_field_coarsens_at_any_offset_and_factor(tmp_path: Path, sta
     grid = next(iter(dm.val_dataloader())).context["grid"]
     assert grid.y.shape[1] == 4 * 4  # rows [0, 2), [2, 5), [5, 8), [8, 9); same for columns from 1
     assert float(grid.x[0, 0, 0]) == pytest.approx(np.mean(LAT[:2]))
+
+
+def test_time_features_add_the_hour_of_day_to_every_block(store: str, stations: str) -> None:
+    dm = datamodule(store, stations, time_features=True)
+    assert dm.dim_y == {"grid": 3, "stations": 1}
+    batch = next(iter(dm.train_dataloader()))
+    grid, hour = batch.context["grid"], batch.extras["hour"].numpy()
+    angle = 2 * np.pi * (hour % 24) / 24  # the test store starts at midnight, hourly
+    want = np.stack([np.sin(angle), np.cos(angle)], -1)[:, None].repeat(grid.y.shape[1], 1)
+    np.testing.assert_allclose(grid.y[..., 1:].numpy(), np.where(grid.mask[..., None].numpy(), want, 0), atol=1e-6)
+    plain = next(iter(datamodule(store, stations).train_dataloader())).context["grid"]
+    torch.testing.assert_close(grid.y[..., :1], plain.y)

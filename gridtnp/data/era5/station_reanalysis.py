@@ -48,6 +48,7 @@ class StationReanalysisTask:
         layouts: dict[str, tuple[Sequence[int], Sequence[int] | None]],
         context_fraction: tuple[float, float],
         targets: str,
+        hour_of_day: np.ndarray | None = None,
     ) -> None:
         self.cache, self.grid_variables, self.station_variable = cache, list(grid_variables), station_variable
         self.mean = np.array([stats[v][0] for v in self.grid_variables], dtype=np.float32)
@@ -63,6 +64,7 @@ class StationReanalysisTask:
         # x is the grid point the value is read from (as in the paper), not the CSV coordinate up to half a cell away.
         self.station_x = np.stack([self.lat[station_index[0]], self.lon[station_index[1]]], -1).astype(np.float32)
         self.layouts, self.context_fraction, self.targets = layouts, context_fraction, targets
+        self.hour_of_day = hour_of_day  # [T] hour of day (fractional) of each store time, or None
 
     @property
     def num_stations(self) -> int:
@@ -109,6 +111,10 @@ class StationReanalysisTask:
         grid_x = layout.coordinates(self.lat, self.lon)  # [B, G, 2]
         y_grid = ((coarse - self.mean) / self.std).astype(np.float32)
         grid_ok = np.isfinite(y_grid).all(-1) & layout.exists
+        if self.hour_of_day is not None:  # (sin, cos) of the target's hour of day on every block: [B, G, 2]
+            angle = 2 * np.pi * self.hour_of_day[t_target] / 24.0
+            clock = np.stack([np.sin(angle), np.cos(angle)], -1).astype(np.float32)
+            y_grid = np.concatenate([y_grid, np.broadcast_to(clock[:, None], (*y_grid.shape[:2], 2))], -1)
         rows = np.arange(b)[:, None]
         station_y = (fields[n_grid][:, self.station_flat] - self.station_mean) / self.station_std  # [B, S]
         station_ok = np.isfinite(station_y)
@@ -269,6 +275,8 @@ class StationReanalysisDataModule(ERA5DataModule):
         eval_draws: tasks per hour in validation and test (each a different context draw, fixed by ``seed``).
         eval_stride: validation and test take every ``eval_stride``-th hour of their dates (1: every hour; e.g. 24
             for a year of validation hours).
+        time_features: append (sin, cos) of the target hour's hour of day (UTC) to every grid block's values
+            (``dim_y["grid"]`` grows by 2): the diurnal cycle shapes sub-grid detail (land, sea, hills).
         seed: base seed of every split.
         num_workers: DataLoader workers (each opens its own handle on the store).
         cache_chunks: time chunks per variable kept in memory in each process.
@@ -309,6 +317,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         train_batches: int = 100,
         eval_draws: int = 1,
         eval_stride: int = 1,
+        time_features: bool = False,
         seed: int = 0,
         num_workers: int = 0,
         cache_chunks: int = 8,
@@ -364,6 +373,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         self.stations = stations
         self.station_variable, self.grid_variables = station_variable, list(grid_variables)
         self.targets, self.eval_draws, self.eval_stride = targets, eval_draws, eval_stride
+        self.time_features = bool(time_features)
         self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
         self.time_offset_hours = time_offset_hours
         self.cache_chunks, self.unique_grid_points = cache_chunks, unique_grid_points
@@ -386,7 +396,7 @@ class StationReanalysisDataModule(ERA5DataModule):
     @property
     def dim_y(self) -> dict[str, int]:
         """Output dimension per context source."""
-        return {"grid": len(self.grid_variables), "stations": 1}
+        return {"grid": len(self.grid_variables) + 2 * self.time_features, "stations": 1}
 
     target_dim_y = 1
 
@@ -446,6 +456,7 @@ class StationReanalysisDataModule(ERA5DataModule):
             {"train": self.layouts["train"], "val": self.layouts["eval"], "test": self.layouts["eval"]},
             self.context_fraction,
             self.targets,
+            (time.hour + time.minute / 60.0).to_numpy(np.float64) if self.time_features else None,
         )
 
     def predict_points(self) -> tuple[np.ndarray, np.ndarray] | None:
