@@ -242,8 +242,9 @@ class TaskDataModule(L.LightningDataModule):
         if world > 1:
             if 0 < len(dataset) < world:
                 raise ConfigError(
-                    f"{type(self).__name__}: {split}_batches ({len(dataset)}) must be 0 or at least the number of "
-                    f"ranks ({world}), so that every rank evaluates a batch."
+                    f"{type(self).__name__}: the {split} set has {len(dataset)} batch(es), fewer than the {world} "
+                    f"ranks; every rank must evaluate a batch: raise {split}_batches (or, for sets that cover dates, "
+                    "lower batch_size or raise eval_draws), or use 0 batches."
                 )
             sampler = ShardSampler(dataset, world, self._rank())
         return DataLoader(dataset, sampler=sampler, shuffle=False, **self.loader_kwargs())
