@@ -31,6 +31,7 @@ from gridtnp.checkpointing import (
     LOGGER_VERSION,
     Checkpoint,
     SaveConfig,
+    best_checkpoint,
     checkpoint_entry,
     checkpoint_step,
     resume_checkpoint,
@@ -170,6 +171,8 @@ class GridTNPCLI(LightningCLI):
                 f"gridtnp {subcommand} needs --ckpt_path CHECKPOINT: without one it would score the model's "
                 "untrained initial weights (pass --allow_untrained true to do that on purpose)."
             )
+        if ckpt_path == "best" and subcommand in ("validate", "test", "predict"):
+            ckpt_path = config["ckpt_path"] = self._best_checkpoint(config)
         special = ckpt_path in (None, "last", "best", "hpc") or str(ckpt_path).startswith("registry")
         if not special and not is_url(ckpt_path):
             if not os.path.isfile(ckpt_path):
@@ -177,6 +180,20 @@ class GridTNPCLI(LightningCLI):
             resume_checkpoint(ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
             check_checkpoint_model(ckpt_path, config.get("model"))
         super()._parse_ckpt_path()
+
+    @staticmethod
+    def _best_checkpoint(config: Any) -> str:
+        """``--ckpt_path best`` outside ``fit``: the best checkpoint recorded in ``--checkpoint.dirpath``."""
+        dirpath = (config.get("checkpoint") or {}).get("dirpath")
+        if not dirpath:
+            raise ConfigError(
+                "--ckpt_path best needs --checkpoint.dirpath DIR, the directory `gridtnp fit` wrote its checkpoints to."
+            )
+        path, monitor, score = best_checkpoint(dirpath)
+        if rank_zero_only.rank == 0:
+            value = "" if score is None else f" ({monitor} {score:.4f})"
+            print(f"gridtnp: best checkpoint: {path}{value}", flush=True)
+        return str(path)
 
     def before_predict(self) -> None:
         """Tell the prediction writer which recipe produced the run (recorded in the file's attributes)."""

@@ -367,7 +367,7 @@ class NeuralProcessModule(L.LightningModule):
         if trainer.max_steps is not None and trainer.max_steps > 0:
             return int(trainer.max_steps)
         total = trainer.estimated_stepping_batches
-        if not math.isfinite(total):
+        if not math.isfinite(total) or total <= 0:
             if not required:
                 return None
             raise ConfigError(
