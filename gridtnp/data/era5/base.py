@@ -6,6 +6,9 @@ chunk cache) and helpers of their task samplers.
 * ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
 * ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
 * ``check_fraction_range(where, name, (a, b))``: ``0 <= a <= b <= 1``, or a ``ConfigError``.
+
+``ERA5DataModule.variable_metadata()`` describes the data for checkpoints (``NeuralProcessModule`` saves it), so
+that ``gridtnp.predictions.predict`` can normalise a user's physical-unit inputs from a checkpoint alone.
 """
 
 from __future__ import annotations
@@ -78,6 +81,50 @@ class ERA5DataModule(TaskDataModule):
         self.convert_layout, self.stats = convert_layout, dict(stats or {})
         self.allow_stats_overlap = allow_stats_overlap
         self.dates = {split: tuple(pair) for split, pair in dates.items()}
+        #: ``{name: (mean, std)}`` of every variable read, set by ``setup``: the statistics of the tasks.
+        self.variable_stats: dict[str, tuple[float, float]] = {}
+        self._metadata: dict[str, Any] | None = None
+
+    def source_variables(self) -> dict[str, list[str]]:
+        """The variables (keys of ``variable_stats``) of each context source, in the order of its ``y`` columns.
+
+        This default is the station + reanalysis layout (``grid_variables`` on ``"grid"``, ``station_variable`` at
+        ``"stations"``); ``MultiSourceDataModule`` overrides it.
+        """
+        return {"grid": list(self.grid_variables), "stations": [self.station_variable]}
+
+    def target_variables(self) -> list[str]:
+        """The variables predicted at the targets, in the order of the targets' ``y`` columns."""
+        return [self.station_variable]
+
+    def store_variable(self, name: str) -> str:
+        """The store's variable behind a key of ``variable_stats`` (the same name by default)."""
+        return name
+
+    def variable_metadata(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the data, or None before ``setup``: ``{"variables": {name: {"mean", "std",
+        "units", "long_name"}}, "sources": {source: [name, ...]}, "target": [name, ...], "store": path}``."""
+        if not self.variable_stats:
+            return None
+        if self._metadata is None:
+            names = {name: self.store_variable(name) for name in self.variable_stats}
+            ds = self.open(list(dict.fromkeys(names.values())))
+            variables = {
+                name: {
+                    "mean": float(mean),
+                    "std": float(std),
+                    "units": str(ds[names[name]].attrs.get("units", "")),
+                    "long_name": str(ds[names[name]].attrs.get("long_name", names[name])),
+                }
+                for name, (mean, std) in self.variable_stats.items()
+            }
+            self._metadata = {
+                "variables": variables,
+                "sources": self.source_variables(),
+                "target": self.target_variables(),
+                "store": self.store_path(),
+            }
+        return self._metadata
 
     def store_path(self) -> str:
         """The store this module reads: ``store``, or the embedded sample's cache path."""
