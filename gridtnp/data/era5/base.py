@@ -25,7 +25,7 @@ import xarray as xr
 from gridtnp.batch import Observations
 from gridtnp.data.datamodules import TaskDataModule
 from gridtnp.data.layout import STATS_ATTR, DataError, iso, select_time
-from gridtnp.data.store import ChunkCache, open_store
+from gridtnp.data.store import ChunkCache, normalisation_stats, open_store
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError
 
@@ -81,12 +81,10 @@ class ERA5DataModule(TaskDataModule):
         self.convert_layout, self.stats = convert_layout, dict(stats or {})
         self.allow_stats_overlap = allow_stats_overlap
         self.dates = {split: tuple(pair) for split, pair in dates.items()}
-        #: ``{name: (mean, std)}`` of every variable read, set by ``setup``: the statistics of the tasks.
-        self.variable_stats: dict[str, tuple[float, float]] = {}
         self._metadata: dict[str, Any] | None = None
 
     def source_variables(self) -> dict[str, list[str]]:
-        """The variables (keys of ``variable_stats``) of each context source, in the order of its ``y`` columns.
+        """The variables of each context source, in the order of its ``y`` columns.
 
         This default is the station + reanalysis layout (``grid_variables`` on ``"grid"``, ``station_variable`` at
         ``"stations"``); ``MultiSourceDataModule`` overrides it.
@@ -97,32 +95,38 @@ class ERA5DataModule(TaskDataModule):
         """The variables predicted at the targets, in the order of the targets' ``y`` columns."""
         return [self.station_variable]
 
-    def store_variable(self, name: str) -> str:
-        """The store's variable behind a key of ``variable_stats`` (the same name by default)."""
-        return name
+    def store_variable(self, name: str) -> tuple[str, float | None]:
+        """The store's variable and level behind a name of ``source_variables`` (the same name, no level)."""
+        return name, None
 
     def variable_metadata(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of the data, or None before ``setup``: ``{"variables": {name: {"mean", "std",
-        "units", "long_name"}}, "sources": {source: [name, ...]}, "target": [name, ...], "store": path}``."""
-        if not self.variable_stats:
+        "units", "long_name"}}, "sources": {source: [name, ...]}, "target": [name, ...], "store": path}``, with
+        the statistics the tasks are normalised with (``stats``, else the store's)."""
+        if getattr(self, "task", None) is None:
             return None
         if self._metadata is None:
-            names = {name: self.store_variable(name) for name in self.variable_stats}
-            ds = self.open(list(dict.fromkeys(names.values())))
-            variables = {
-                name: {
-                    "mean": float(mean),
-                    "std": float(std),
-                    "units": str(ds[names[name]].attrs.get("units", "")),
-                    "long_name": str(ds[names[name]].attrs.get("long_name", names[name])),
-                }
-                for name, (mean, std) in self.variable_stats.items()
+            sources, targets = self.source_variables(), self.target_variables()
+            names = {
+                n: self.store_variable(n) for n in dict.fromkeys([*(n for v in sources.values() for n in v), *targets])
             }
+            path = self.store_path()
+            ds = self.open(list(dict.fromkeys(variable for variable, _ in names.values())))
+            variables = {}
+            for name, (variable, level) in names.items():
+                mean, std = normalisation_stats(ds, variable, level, source=path, given=self.stats)
+                attrs = ds[variable].attrs
+                variables[name] = {
+                    "mean": mean,
+                    "std": std,
+                    "units": str(attrs.get("units", "")),
+                    "long_name": str(attrs.get("long_name", variable)),
+                }
             self._metadata = {
                 "variables": variables,
-                "sources": self.source_variables(),
-                "target": self.target_variables(),
-                "store": self.store_path(),
+                "sources": sources,
+                "target": targets,
+                "store": path,
             }
         return self._metadata
 

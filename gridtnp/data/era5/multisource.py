@@ -345,7 +345,6 @@ class MultiSourceDataModule(ERA5DataModule):
 
         self.time_axis, self.box = time, (lat, lon)
         self.units = {s.name: str(ds[s.variable].attrs.get("units", "")) for s in self.sources}
-        self.variable_stats = stats
         t, la, lo = np.meshgrid(np.arange(self.window, dtype=np.float64), lat, lon, indexing="ij")
         x = np.stack([t, la, lo], -1).reshape(-1, 3)  # [T * H * W, 3], the order of a field's reshape
         cache = self.chunk_cache(variables, region)
@@ -369,9 +368,10 @@ class MultiSourceDataModule(ERA5DataModule):
         """The target variables' source names, in the order of the targets' ``y`` columns (the sources' order)."""
         return [s.name for s in self.sources if s.name in self.targets]
 
-    def store_variable(self, name: str) -> str:
-        """The store's variable of source ``name`` (``"u"`` for ``"u850"``)."""
-        return next(s.variable for s in self.sources if s.name == name)
+    def store_variable(self, name: str) -> tuple[str, float | None]:
+        """The store's variable and level of source ``name`` (``("u", 850.0)`` for ``"u850"``)."""
+        source = next(s for s in self.sources if s.name == name)
+        return source.variable, source.level
 
     def predict_dataloader(self) -> DataLoader:
         """Consecutive, non-overlapping windows of the test split, ``batch_size`` a batch, predicted at every point."""

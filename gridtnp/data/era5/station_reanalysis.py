@@ -407,7 +407,6 @@ class StationReanalysisDataModule(ERA5DataModule):
                     "when preparing the store)."
                 )
         stats = {v: normalisation_stats(ds, v, source=path, given=self.stats) for v in variables}
-        self.variable_stats = stats
         lat, lon = ds["latitude"].values, ds["longitude"].values
         station_file = str(self.stations if self.stations is not None else sample_path(STATIONS_SAMPLE))
         table = read_stations(station_file, lat, lon)
