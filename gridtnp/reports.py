@@ -55,7 +55,8 @@ def format_metrics(metrics: dict[str, float], split: str) -> str:
 
 
 def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+    """A table cell: "-" where a group has no such metric or no targets (NaN: e.g. no context target)."""
+    return "-" if value is None or value != value else f"{value:.4f}"
 
 
 def _single_column(metrics: dict[str, float], split: str) -> str:
