@@ -22,12 +22,13 @@ install: $(STAMP)
 DEMO_RECIPE ?= recipes/era5_swin.yaml
 DEMO_DIR ?= runs/demo
 
-## The main job on the embedded default data (ERA5 + station sample): a short CPU training run, then the test set.
+## The main job on the embedded default data (ERA5 + station sample): a short CPU training run, then the test set
+## with the checkpoint of the best validation log-likelihood (recorded in last.ckpt; `--ckpt_path best`).
 demo: install
 	$(BIN)/gridtnp fit --config $(DEMO_RECIPE) \
 		--trainer.default_root_dir $(DEMO_DIR) --checkpoint.dirpath $(DEMO_DIR)/checkpoints
 	$(BIN)/gridtnp test --config $(DEMO_RECIPE) --trainer.default_root_dir $(DEMO_DIR) \
-		--ckpt_path $(DEMO_DIR)/checkpoints/last.ckpt
+		--checkpoint.dirpath $(DEMO_DIR)/checkpoints --ckpt_path best
 
 ## The test suite (under 10 minutes on 2 CPU cores): the fast tests, then the scale-out tests, which launch
 ## `gridtnp fit` in subprocesses (DDP with 2 CPU processes, killed / signalled and resumed runs, a SLURM requeue).

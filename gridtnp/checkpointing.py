@@ -185,6 +185,33 @@ def resume_checkpoint(
     return ckpt_path
 
 
+def best_checkpoint(dirpath: str | os.PathLike) -> tuple[Path, str, float | None]:
+    """The best checkpoint of the run that wrote ``dirpath``: ``(path, monitored metric, its value)``.
+
+    Read from the newest readable checkpoint there (``last.ckpt``), whose checkpoint callback state records the best
+    one (``best_model_path``), so a separate ``gridtnp test --ckpt_path best`` finds what ``fit`` selected.
+    """
+    newest = newest_valid_checkpoint(checkpoint_candidates([dirpath], None))
+    if newest is None:
+        raise CheckpointError(f"--ckpt_path best: no checkpoint in {dirpath}; train first (gridtnp fit).")
+    states = checkpoint_entry(newest, "callbacks") or {}
+    for state in states.values():
+        best = state.get("best_model_path") if isinstance(state, dict) else None
+        if not best:
+            continue
+        path = Path(best)
+        if not path.is_file() and (Path(dirpath) / path.name).is_file():  # the folder was moved since
+            path = Path(dirpath) / path.name
+        if not path.is_file():
+            raise CheckpointError(f"--ckpt_path best: {newest} names {best} as the best checkpoint, which is gone.")
+        score = state.get("best_model_score")
+        return path, str(state.get("monitor")), None if score is None else float(score)
+    raise CheckpointError(
+        f"--ckpt_path best: {newest} records no best checkpoint (no validation ran, or no monitored metric); "
+        "use --ckpt_path with a file."
+    )
+
+
 def rng_state() -> dict[str, Any]:
     """This process's torch, CUDA, numpy and Python RNG states, as types ``torch.load(weights_only=True)`` accepts."""
     kind, key, pos, has_gauss, cached = np.random.get_state()

@@ -31,6 +31,7 @@ from gridtnp.checkpointing import (
     LOGGER_VERSION,
     Checkpoint,
     SaveConfig,
+    best_checkpoint,
     checkpoint_entry,
     checkpoint_step,
     resume_checkpoint,
@@ -170,6 +171,8 @@ class GridTNPCLI(LightningCLI):
                 f"gridtnp {subcommand} needs --ckpt_path CHECKPOINT: without one it would score the model's "
                 "untrained initial weights (pass --allow_untrained true to do that on purpose)."
             )
+        if ckpt_path == "best" and subcommand in ("validate", "test", "predict"):
+            ckpt_path = config["ckpt_path"] = self._best_checkpoint(config)
         special = ckpt_path in (None, "last", "best", "hpc") or str(ckpt_path).startswith("registry")
         if not special and not is_url(ckpt_path):
             if not os.path.isfile(ckpt_path):
@@ -177,6 +180,20 @@ class GridTNPCLI(LightningCLI):
             resume_checkpoint(ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
             check_checkpoint_model(ckpt_path, config.get("model"))
         super()._parse_ckpt_path()
+
+    @staticmethod
+    def _best_checkpoint(config: Any) -> str:
+        """``--ckpt_path best`` outside ``fit``: the best checkpoint recorded in ``--checkpoint.dirpath``."""
+        dirpath = (config.get("checkpoint") or {}).get("dirpath")
+        if not dirpath:
+            raise ConfigError(
+                "--ckpt_path best needs --checkpoint.dirpath DIR, the directory `gridtnp fit` wrote its checkpoints to."
+            )
+        path, monitor, score = best_checkpoint(dirpath)
+        if rank_zero_only.rank == 0:
+            value = "" if score is None else f" ({monitor} {score:.4f})"
+            print(f"gridtnp: best checkpoint: {path}{value}", flush=True)
+        return str(path)
 
     def before_predict(self) -> None:
         """Tell the prediction writer which recipe produced the run (recorded in the file's attributes)."""
@@ -264,7 +281,8 @@ def plot_main(args: list[str]) -> None:
     """
     parser = argparse.ArgumentParser(
         prog="gridtnp plot",
-        description="Write prediction plots (1-D tasks, maps, standardised errors) of a checkpoint as PNG files. "
+        description="Write prediction plots (1-D tasks, maps, standardised errors, a reliability diagram over the "
+        "whole split) of a checkpoint as PNG files. "
         "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
     )
     parser.add_argument("--config", required=True, action="append", help="the recipe the checkpoint was trained with")
@@ -290,6 +308,7 @@ def plot_main(args: list[str]) -> None:
         evaluation_figures,
         is_geographic,
         oracle_posterior,
+        plot_reliability,
         plot_standardised_errors,
         standardised_errors,
     )
@@ -299,34 +318,44 @@ def plot_main(args: list[str]) -> None:
     check_checkpoint_model(opts.ckpt_path, cli.config.get("model"))
     module, datamodule = cli.model, cli.datamodule
     checkpoint = torch.load(opts.ckpt_path, map_location="cpu", weights_only=False)
+    if hasattr(module, "on_load_checkpoint"):
+        module.on_load_checkpoint(checkpoint)  # e.g. the variance calibration's buffers
     module.load_state_dict(checkpoint["state_dict"])
     module.eval()
     datamodule.setup("validate" if opts.split == "val" else "test")
     loader = datamodule.val_dataloader() if opts.split == "val" else datamodule.test_dataloader()
     geographic = is_geographic(datamodule) if opts.geographic == "auto" else opts.geographic == "yes"
     posterior = oracle_posterior(datamodule)
+    calibrate = getattr(module, "calibrate", None) if getattr(module, "variance_calibration", False) else None
 
     opts.out.mkdir(parents=True, exist_ok=True)
-    written, errors, done, seen = [], [], 0, 0
-    for batch in loader:
+    written, errors, raw_errors, done, seen = [], [], [], 0, 0
+    for batch in loader:  # every batch of the split for the error plots, the first tasks for the maps
         batch = module.transfer_batch_to_device(batch, module.device, 0)
         count = min(opts.num_tasks - done, batch.batch_size)
-        figures = evaluation_figures(module.model, batch, count, geographic, posterior, first_index=done)
+        if count > 0:
+            figures = evaluation_figures(module.model, batch, count, geographic, posterior, first_index=done)
+            figures.pop("standardised_errors")
+            for name, fig in figures.items():
+                path = opts.out / f"{opts.split}_{name}.png"
+                fig.savefig(path, dpi=110)
+                written.append(path)
+            done += count
         with torch.no_grad():
-            errors.append(standardised_errors(batch, module(batch)))  # every task of the batch, not only those drawn
+            dist = module(batch)
+            errors.append(standardised_errors(batch, calibrate(dist) if calibrate else dist))
+            if calibrate:
+                raw_errors.append(standardised_errors(batch, dist))
         seen += batch.batch_size
-        figures.pop("standardised_errors")
-        for name, fig in figures.items():
-            path = opts.out / f"{opts.split}_{name}.png"
-            fig.savefig(path, dpi=110)
-            written.append(path)
-        done += count
-        if done >= opts.num_tasks:
-            break
     fig = plot_standardised_errors(torch.cat(errors), title=f"{opts.split}: standardised errors of {seen} tasks")
-    path = opts.out / f"{opts.split}_standardised_errors.png"
-    fig.savefig(path, dpi=110)
-    written.append(path)
+    curves = {"calibrated" if calibrate else "model": torch.cat(errors)}
+    if calibrate:
+        curves["uncalibrated"] = torch.cat(raw_errors)
+    reliability = plot_reliability(curves, title=f"{opts.split}: reliability over {seen} tasks")
+    for name, figure in (("standardised_errors", fig), ("reliability", reliability)):
+        path = opts.out / f"{opts.split}_{name}.png"
+        figure.savefig(path, dpi=110)
+        written.append(path)
     print(f"gridtnp plot: {len(written)} files in {opts.out}: " + ", ".join(p.name for p in written))
 
 

@@ -13,7 +13,10 @@ Closed forms for ``z = (y - mean) / std``:
 
 * CRPS of ``N(mean, std^2)`` (Gneiting & Raftery 2007, eq. 21): ``std * (z (2 Phi(z) - 1) + 2 phi(z) - 1/sqrt(pi))``;
 * calibration: mean ``log phi(z)``, ``-(log(2 pi) + 1) / 2 = -1.4189`` in expectation for a calibrated model
-  (higher: the predictive is too wide; lower: too narrow);
+  (higher: the predictive is too wide; lower: too narrow); mean ``z^2``, 1 for a calibrated model (above 1: too
+  narrow, below: too wide);
+* log-likelihood in physical units: ``y_phys = scale * y`` has density ``p(y) / scale``, so per target point the
+  normalised log-density minus ``Dy log(scale)``;
 * coverage of the central ``p`` interval: the share of ``|z| <= Phi^-1((1 + p) / 2)``, ``p`` when calibrated.
 """
 
@@ -133,6 +136,22 @@ class LogLikelihoodStandardError(TaskStandardError):
         super().update(task_log_likelihood(mean, std, y, weight), weight.sum(-1) > 0)
 
 
+class PhysicalLogLikelihood(TaskMean):
+    """:class:`LogLikelihood` with ``y`` in physical units (``y * scale``): minus ``Dy log(scale)`` per target."""
+
+    higher_is_better = True
+
+    def update(  # type: ignore[override]
+        self, mean: Tensor, std: Tensor, y: Tensor, weight: Tensor, scale: Tensor | None = None
+    ) -> None:
+        """``mean, std, y [B, N, Dy]``, ``weight [B, N]``, ``scale [B]`` (physical units per normalised unit; None:
+        1, the normalised log-likelihood)."""
+        loglik = task_log_likelihood(mean, std, y, weight).double()
+        if scale is not None:
+            loglik = loglik - torch.log(scale.detach().double().abs()).flatten() * y.shape[-1]
+        super().update(loglik, weight.sum(-1) > 0)
+
+
 class WeightedMean(Metric):
     """Weighted mean of values, ``sum(w v) / sum(w)``; DDP: summed states."""
 
@@ -225,6 +244,36 @@ class StandardisedLogDensity(GaussianPointMetric):
         return standard_normal_log_density(z)
 
 
+class MeanSquaredStandardisedError(GaussianPointMetric):
+    """Mean ``z^2`` of the standardised errors: 1 when calibrated, above 1 when over-confident (too narrow)."""
+
+    power = 0
+
+    def point_values(self, mean: Tensor, std: Tensor, y: Tensor, z: Tensor) -> Tensor:
+        return z.square()
+
+
+class StandardisedSquareByOutput(Metric):
+    """Weighted mean of ``z^2`` per output dimension, ``[Dy]``: the variance calibration's ``s^2``; summed states."""
+
+    full_state_update = False
+
+    def __init__(self, dim_y: int = 1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", torch.zeros(dim_y, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("weight", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, mean: Tensor, std: Tensor, y: Tensor, weight: Tensor) -> None:
+        """``mean, std, y [B, N, Dy]``, ``weight [B, N]``."""
+        z = standardised_errors(mean.detach(), std.detach(), y, weight).double()  # [B, N, Dy], 0 where weight is 0
+        w = weight.detach().double()
+        self.total += (z.square() * w.unsqueeze(-1)).sum((0, 1))
+        self.weight += w.sum()
+
+    def compute(self) -> Tensor:
+        return self.total / self.weight
+
+
 class IntervalCoverage(GaussianPointMetric):
     """Share of targets inside the central ``level`` predictive interval; ``level`` when calibrated."""
 
@@ -242,16 +291,19 @@ class IntervalCoverage(GaussianPointMetric):
 def evaluation_metrics() -> dict[str, Metric]:
     """The metrics of one evaluation stage, by logged name (without the ``stage/`` prefix).
 
-    ``*_physical`` and ``baseline_rmse_physical`` are only updated when a batch has ``extras["target_scale"]``
-    (and ``extras["coarse_sq_err"]``), ``oracle_loglik`` when it has ``extras["oracle_loglik"]``.
+    ``*_physical`` (``loglik_physical`` included) and ``baseline_rmse_physical`` are only updated when a batch has
+    ``extras["target_scale"]`` (and ``extras["coarse_sq_err"]``), ``oracle_loglik`` when it has
+    ``extras["oracle_loglik"]``.
     """
     return {
         "loglik": LogLikelihood(),
         "loglik_stderr": LogLikelihoodStandardError(),
+        "loglik_physical": PhysicalLogLikelihood(),
         "rmse": RMSE(),
         "mae": MAE(),
         "crps": CRPS(),
         "calibration_logdensity": StandardisedLogDensity(),
+        "mean_z2": MeanSquaredStandardisedError(),
         "coverage_50": IntervalCoverage(0.5),
         "coverage_90": IntervalCoverage(0.9),
         "rmse_physical": RMSE(),
@@ -263,9 +315,9 @@ def evaluation_metrics() -> dict[str, Metric]:
 
 
 #: Metrics that need the predictive and targets (the rest are fed from ``Batch.extras``).
-PREDICTIVE_METRICS = ("loglik", "loglik_stderr", "rmse", "mae", "crps", "calibration_logdensity")
+PREDICTIVE_METRICS = ("loglik", "loglik_stderr", "rmse", "mae", "crps", "calibration_logdensity", "mean_z2")
 COVERAGE_METRICS = ("coverage_50", "coverage_90")
-PHYSICAL_METRICS = ("rmse_physical", "mae_physical", "crps_physical")
+PHYSICAL_METRICS = ("loglik_physical", "rmse_physical", "mae_physical", "crps_physical")
 
 __all__ = [
     "CALIBRATED_LOG_DENSITY",
@@ -276,8 +328,11 @@ __all__ = [
     "IntervalCoverage",
     "LogLikelihood",
     "LogLikelihoodStandardError",
+    "MeanSquaredStandardisedError",
+    "PhysicalLogLikelihood",
     "RootWeightedMean",
     "StandardisedLogDensity",
+    "StandardisedSquareByOutput",
     "TaskMean",
     "TaskStandardError",
     "WeightedMean",

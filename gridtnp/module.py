@@ -7,17 +7,28 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.distributions import Normal
 
 from gridtnp.batch import Batch
-from gridtnp.metrics import COVERAGE_METRICS, PHYSICAL_METRICS, PREDICTIVE_METRICS, evaluation_metrics, point_weights
-from gridtnp.models.neural_process import build_model, count_parameters
+from gridtnp.metrics import (
+    COVERAGE_METRICS,
+    PHYSICAL_METRICS,
+    PREDICTIVE_METRICS,
+    StandardisedSquareByOutput,
+    evaluation_metrics,
+    point_weights,
+)
+from gridtnp.models.neural_process import build_model, count_parameters, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 from gridtnp.scaling import report_training_scale
+from gridtnp.schedules import Schedule, budget_seconds, time_budget
 
 Spec = dict[str, Any]
+#: Checkpoint entry with the training data's description (``ERA5DataModule.variable_metadata``).
+DATA_KEY = "gridtnp_data"
 
 
 class NeuralProcessModule(L.LightningModule):
@@ -33,7 +44,21 @@ class NeuralProcessModule(L.LightningModule):
     per target, pooled with the same point weights as the model's) ``baseline_rmse_physical``; with
     ``extras["oracle_loglik"]`` ``[B]`` ``oracle_loglik``. Point metrics pool all target points of all tasks;
     ``cos_latitude_weighting`` weights each point (also in ``loglik`` and the baseline, not in the training loss)
-    by the cosine of its latitude ``x[..., latitude_dim]``.
+    by the cosine of its latitude ``x[..., latitude_dim]``. Also ``mean_z2`` (mean squared standardised error, 1
+    when calibrated) and, with ``target_scale``, ``loglik_physical`` (nats per target with ``y`` in physical units).
+
+    Context and held-out targets: a batch with ``extras["is_context"]`` ``[B, Nt]`` (True: that target was also in
+    the context) logs every metric also as ``{stage}/context/{name}`` and ``{stage}/heldout/{name}`` (the point
+    weights masked to each subset; tasks without such targets are left out of the task means). The DataModule must
+    give it in every batch of an evaluation set or in none (under DDP every rank logs the same names).
+
+    Variance calibration (``variance_calibration: true``): after every validation during ``fit`` (not the sanity
+    check), one scale per output ``s^2 = weighted mean z^2`` of the uncalibrated predictive over the validation set
+    is stored in the buffer ``std_scale`` ``[Dy]`` (saved in every checkpoint, including the best one, written after
+    the validation it was fitted on) and logged as ``val/calibration_scale``. Validation metrics, and so the
+    checkpoint monitor ``val/loglik``, are always of the uncalibrated predictive (the scale is fitted on them).
+    Test and predict multiply the predictive std by ``std_scale``: ``test/{name}`` are calibrated and
+    ``test/uncalibrated/{name}`` are reported besides. ``gridtnp.predictions.predict`` applies it too.
 
     The model arguments are the five slots of ``gridtnp.models.build_model`` (each a mapping with a
     registered ``name``), the shared sizes, or a ``preset`` name whose slots they override.
@@ -55,9 +80,12 @@ class NeuralProcessModule(L.LightningModule):
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.
         lr_schedule: after the warm-up, ``"constant"``, or ``"cosine"`` decay to 0 at the end of the run
-            (``trainer.max_steps``): steadier short runs.
+            (``trainer.max_steps``, or ``trainer.max_time`` when that stops the run first: ``gridtnp.schedules``):
+            steadier short runs.
         cos_latitude_weighting: weight evaluation metrics by cos(latitude) (targets with latitude in degrees).
         latitude_dim: the column of the target ``x`` that holds the latitude (used with ``cos_latitude_weighting``).
+        variance_calibration: fit a post-hoc scale of the predictive std per output on the validation set and
+            apply it at test and predict time (see above); off by default.
     """
 
     def __init__(
@@ -80,6 +108,7 @@ class NeuralProcessModule(L.LightningModule):
         lr_schedule: Literal["constant", "cosine"] = "constant",
         cos_latitude_weighting: bool = False,
         latitude_dim: int = 0,
+        variance_calibration: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -117,6 +146,19 @@ class NeuralProcessModule(L.LightningModule):
         self.metrics = torch.nn.ModuleDict(
             {stage: torch.nn.ModuleDict(evaluation_metrics()) for stage in ("val", "test")}
         )
+        groups = [f"{stage}_{subset}" for stage in ("val", "test") for subset in ("context", "heldout")]
+        if variance_calibration:
+            groups += ["test_uncalibrated", "test_uncalibrated_context", "test_uncalibrated_heldout"]
+        # Metrics of subsets of the targets, by "<stage>_<group>" (logged as "<stage>/<group with />/<name>").
+        self.group_metrics = torch.nn.ModuleDict({g: torch.nn.ModuleDict(evaluation_metrics()) for g in groups})
+        self.variance_calibration = variance_calibration
+        if variance_calibration:
+            dim_y = int(expand_spec(spec)["target_dim_y"])
+            self.register_buffer("std_scale", torch.ones(dim_y))
+            self.register_buffer("std_scale_fitted", torch.tensor(False))
+            self.calibration_sums = StandardisedSquareByOutput(dim_y)
+        #: What the checkpoint keeps of the training data (``ERA5DataModule.variable_metadata``), or None.
+        self.data_metadata: dict[str, Any] | None = None
 
     def setup(self, stage: str) -> None:
         """Check that the DataModule's tasks have the inputs and sources the model was built for."""
@@ -162,6 +204,12 @@ class NeuralProcessModule(L.LightningModule):
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch.batch_size)
         return loss
 
+    def calibrate(self, dist: Normal) -> Normal:
+        """``dist`` with its std multiplied by the fitted ``std_scale`` (unchanged without variance calibration)."""
+        if not self.variance_calibration:
+            return dist
+        return Normal(dist.mean, dist.stddev * self.std_scale.to(dist.stddev.dtype))
+
     def _evaluate(self, batch: Batch, stage: str) -> None:
         dist = self(batch)
         if not isinstance(dist, Normal):
@@ -171,9 +219,35 @@ class NeuralProcessModule(L.LightningModule):
             )
         target = batch.target
         weight = point_weights(target.valid(), target.x, self.latitude_dim)  # [B, Nt]
-        mean, std, y = dist.mean, dist.stddev, target.y
-        metrics = self.metrics[stage]
-        names = [*PREDICTIVE_METRICS, *COVERAGE_METRICS]
+        mean, std = dist.mean, dist.stddev
+        subsets = {"": weight}
+        is_context = batch.extras.get("is_context")
+        if is_context is not None:
+            if is_context.shape != weight.shape:
+                raise ValueError(
+                    f"extras['is_context'] must be [B, Nt] = {list(weight.shape)}, aligned with the targets; got "
+                    f"{list(is_context.shape)}."
+                )
+            subsets["context/"] = weight * is_context
+            subsets["heldout/"] = weight * ~is_context.bool()
+        if stage == "val" and self.variance_calibration:
+            self.calibration_sums.update(mean, std, target.y, weight)
+        calibrated = stage == "test" and self.variance_calibration
+        for prefix, w in subsets.items():
+            if calibrated:
+                self._log_metrics(batch, stage, prefix, mean, self.calibrate(dist).stddev, w)
+                prefix = "uncalibrated/" + prefix
+            self._log_metrics(batch, stage, prefix, mean, std, w)
+        if calibrated:
+            for j, s in enumerate(self.std_scale):
+                name = "calibration_scale" if len(self.std_scale) == 1 else f"calibration_scale_{j}"
+                self.log(f"{stage}/{name}", s, batch_size=batch.batch_size)
+
+    def _log_metrics(self, batch: Batch, stage: str, prefix: str, mean: Tensor, std: Tensor, weight: Tensor) -> None:
+        """Update and log the metrics of one subset of the targets (``prefix``: "", "context/", "uncalibrated/"...)."""
+        key = f"{stage}_{prefix.strip('/').replace('/', '_')}" if prefix else None
+        metrics = self.group_metrics[key] if key else self.metrics[stage]
+        y, names = batch.target.y, [*PREDICTIVE_METRICS, *COVERAGE_METRICS]
         for name in names:
             metrics[name].update(mean, std, y, weight)
         if "target_scale" in batch.extras:
@@ -186,12 +260,64 @@ class NeuralProcessModule(L.LightningModule):
                 sq_err = batch.extras["coarse_sq_err"].float() * scale.float().view(-1, 1).square()
                 metrics["baseline_rmse_physical"].update(sq_err, weight)
                 names.append("baseline_rmse_physical")
-        if "oracle_loglik" in batch.extras:
+        if "oracle_loglik" in batch.extras and not prefix:
             metrics["oracle_loglik"].update(batch.extras["oracle_loglik"])
             names.append("oracle_loglik")
-        on_bar = ("loglik", "rmse") if stage == "val" else ()
+        on_bar = ("loglik", "rmse") if stage == "val" and not prefix else ()
         for name in names:
-            self.log(f"{stage}/{name}", metrics[name], prog_bar=name in on_bar, batch_size=batch.batch_size)
+            self.log(f"{stage}/{prefix}{name}", metrics[name], prog_bar=name in on_bar, batch_size=batch.batch_size)
+
+    def on_validation_epoch_end(self) -> None:
+        """With variance calibration, fit ``std_scale`` to this validation's uncalibrated predictive (not the sanity
+        check's, which sees only a few batches)."""
+        if not self.variance_calibration:
+            return
+        if self._trainer is not None and self.trainer.sanity_checking:
+            self.calibration_sums.reset()
+            return
+        if float(self.calibration_sums.weight) > 0 or (self._trainer is not None and self.trainer.world_size > 1):
+            scale = self.calibration_sums.compute().sqrt()  # [Dy]; a collective call under DDP
+            if bool(torch.isfinite(scale).all() and (scale > 0).all()):
+                self.std_scale.copy_(scale.to(self.std_scale))
+                self.std_scale_fitted.fill_(True)
+                for j, s in enumerate(self.std_scale):
+                    name = "calibration_scale" if len(self.std_scale) == 1 else f"calibration_scale_{j}"
+                    self.log(f"val/{name}", s)
+        self.calibration_sums.reset()
+
+    def on_test_start(self) -> None:
+        if self.variance_calibration and not bool(self.std_scale_fitted):
+            rank_zero_warn(
+                "gridtnp: variance_calibration is on but this model's std_scale was never fitted (no validation ran "
+                "during fit, or the checkpoint predates it): test/ metrics are those of the uncalibrated predictive."
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the data's normalisation statistics, names and units (``gridtnp_data``) with the weights."""
+        metadata = self.data_metadata
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        describe = getattr(datamodule, "variable_metadata", None)
+        if callable(describe):
+            metadata = describe() or metadata
+        if metadata:
+            checkpoint[DATA_KEY] = metadata
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Read the data description back; match the variance calibration's buffers to this module's option."""
+        self.data_metadata = checkpoint.get(DATA_KEY) or self.data_metadata
+        state = checkpoint.get("state_dict")
+        if state is None:
+            return
+        if self.variance_calibration:
+            state.setdefault("std_scale", torch.ones_like(self.std_scale))
+            state.setdefault("std_scale_fitted", torch.tensor(False))
+        elif "std_scale" in state:
+            rank_zero_warn(
+                f"gridtnp: the checkpoint has a fitted variance calibration (std_scale {state['std_scale'].tolist()}) "
+                "that this model ignores: set --model.init_args.variance_calibration true to apply it."
+            )
+            state.pop("std_scale")
+            state.pop("std_scale_fitted", None)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val")
@@ -204,41 +330,48 @@ class NeuralProcessModule(L.LightningModule):
         extras (e.g. ``hour``), on the CPU, for ``gridtnp.predictions.PredictionWriter``."""
         if batch_idx == 0:
             self.model.warn_outside_grid(batch.context, batch.target)
-        dist = self(batch)
+        dist = self.calibrate(self(batch))
         target = batch.target
         out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 
     def on_fit_start(self) -> None:
         report_training_scale(self.trainer, self.lr)
+        timer = time_budget(self.trainer)
+        if self.lr_schedule == "cosine" and timer is not None and self.trainer.is_global_zero:
+            steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
+            either = f", or at max_steps {steps} if that comes first" if steps else ""
+            print(
+                f"gridtnp: lr_schedule cosine is sized to --trainer.max_time ({budget_seconds(timer):.0f} s): the "
+                f"learning rate decays with elapsed time and reaches 0 when max_time stops the run{either} "
+                "(not bit-reproducible: it depends on the machine's speed)",
+                flush=True,
+            )
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         if self.warmup_steps <= 0 and self.lr_schedule == "constant":
             return optimizer
-        total = self._total_steps() if self.lr_schedule == "cosine" else 0
-        warmup, cosine = self.warmup_steps, self.lr_schedule == "cosine"
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            if not cosine:
-                return 1.0
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        cosine = self.lr_schedule == "cosine"
+        timer = time_budget(self.trainer) if cosine else None
+        total = self._total_steps(required=timer is None) if cosine else None
+        schedule = Schedule(self.warmup_steps, cosine, total, timer)
+        # A plain function, not the Schedule object: LambdaLR would store the object's attributes in the checkpoint.
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def _total_steps(self) -> int:
-        """Optimiser steps of this run, for the cosine schedule: ``max_steps``, else Lightning's estimate."""
+    def _total_steps(self, required: bool = True) -> int | None:
+        """Optimiser steps of this run, for the cosine schedule: ``max_steps``, else Lightning's estimate; None when
+        the run has no step bound and ``required`` is False (a time budget bounds it)."""
         trainer = self.trainer
         if trainer.max_steps is not None and trainer.max_steps > 0:
             return int(trainer.max_steps)
         total = trainer.estimated_stepping_batches
-        if not math.isfinite(total):
+        if not math.isfinite(total) or total <= 0:
+            if not required:
+                return None
             raise ConfigError(
-                "lr_schedule 'cosine' needs a finite run length: set trainer.max_steps (or max_epochs with a "
-                "finite training set)."
+                "lr_schedule 'cosine' needs a finite run length: set trainer.max_steps or trainer.max_time (or "
+                "max_epochs with a finite training set)."
             )
         return int(total)

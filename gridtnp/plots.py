@@ -1,6 +1,7 @@
 """Figures of a neural process's predictions: 1-D GP tasks, maps, and standardised errors against N(0, 1).
 
-The ``plot_*`` functions (``plot_gp1d``, ``plot_map``, ``plot_standardised_errors``) and ``evaluation_figures``
+The ``plot_*`` functions (``plot_gp1d``, ``plot_map``, ``plot_standardised_errors``, ``plot_reliability``: observed
+against nominal coverage of central intervals and the PIT histogram) and ``evaluation_figures``
 (a task batch -> ``{name: figure}``) return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no
 global state, no GUI backend), ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Maps draw
 coastlines with cartopy when it is installed and the coordinates are geographic (``x = (latitude, longitude)`` in
@@ -24,6 +25,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 
 from gridtnp.batch import Batch, Observations
+from gridtnp.metrics import central_interval_halfwidth
 
 Predictor = Callable[[dict[str, Observations], Tensor], Distribution]
 
@@ -227,6 +229,48 @@ def plot_standardised_errors(z: Tensor | np.ndarray, bins: int = 60, title: str 
     ax.set_xlabel("(target - mean) / std")
     ax.set_ylabel("density")
     ax.legend(fontsize=8)
+    return fig
+
+
+#: Nominal coverages of the reliability diagram's central intervals.
+RELIABILITY_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+def interval_coverage(z: Tensor | np.ndarray, levels: tuple[float, ...] = RELIABILITY_LEVELS) -> np.ndarray:
+    """Observed share of standardised errors ``z`` (any shape, NaN ignored) inside each central interval ``[L]``."""
+    values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
+    values = np.abs(values[np.isfinite(values)])
+    halfwidths = np.array([central_interval_halfwidth(level) for level in levels])
+    return (values[None, :] <= halfwidths[:, None]).mean(1) if len(values) else np.full(len(levels), np.nan)
+
+
+def plot_reliability(errors: dict[str, Tensor | np.ndarray], title: str = "") -> Figure:
+    """Reliability diagram of Gaussian predictives from their standardised errors ``{label: z}``: observed against
+    nominal coverage of the central intervals (``RELIABILITY_LEVELS``; on the diagonal when calibrated, below it
+    when over-confident) and the PIT histogram ``Phi(z)`` (flat when calibrated, U-shaped when over-confident)."""
+    fig = Figure(figsize=(9.5, 4.0), layout="constrained")
+    ax, pit = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    levels = np.array(RELIABILITY_LEVELS)
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+    for label, z in errors.items():
+        values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
+        values = values[np.isfinite(values)]
+        covered = interval_coverage(values)
+        z2 = float(np.mean(values**2)) if len(values) else float("nan")
+        ax.plot(levels, covered, "o-", ms=4, label=f"{label}: mean z^2 {z2:.2f}, 90 % -> {covered[8]:.2f}")
+        u = 0.5 * (1.0 + np.vectorize(math.erf)(values / math.sqrt(2.0))) if len(values) else values
+        pit.hist(u, bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, label=label)
+    ax.set_xlabel("nominal coverage of the central interval")
+    ax.set_ylabel("observed coverage")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left")
+    pit.axhline(1.0, color="k", ls="--", lw=1)
+    pit.set_xlabel("PIT = Phi((target - mean) / std)")
+    pit.set_ylabel("density")
+    pit.legend(fontsize=7)
+    count = max((np.isfinite(np.asarray(z)).sum() for z in errors.values()), default=0)
+    fig.suptitle(title or f"reliability of {count:,} targets")
     return fig
 
 

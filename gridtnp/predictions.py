@@ -35,6 +35,8 @@ Stats = tuple[float, float]
 #: Context values whose mean or standard deviation exceed this are taken for physical units (normalised values are
 #: O(1)); ``predict`` then needs their statistics.
 RAW_UNITS = 10.0
+#: ``units`` attributes of values that need no normalisation statistics.
+UNITLESS = ("", "1", "normalised", "normalized")
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -178,23 +180,57 @@ def geographic_inputs(x: np.ndarray, coords: Sequence[str], what: str) -> np.nda
     return x
 
 
+def checkpoint_statistics(module: Any) -> tuple[dict[str, Stats], list[Stats], list[dict[str, str]]]:
+    """The statistics a checkpoint keeps (``NeuralProcessModule.data_metadata``, ``gridtnp_data``): ``(mean, std)``
+    per context source with one variable, per target output, and the target variables' ``units``/``long_name``."""
+    meta = getattr(module, "data_metadata", None) or {}
+    variables = meta.get("variables", {})
+    sources = {
+        source: (variables[names[0]]["mean"], variables[names[0]]["std"])
+        for source, names in meta.get("sources", {}).items()
+        if len(names) == 1 and names[0] in variables
+    }
+    target_names = [v for v in meta.get("target", []) if v in variables]
+    targets = [(variables[v]["mean"], variables[v]["std"]) for v in target_names]
+    attrs = [{"units": variables[v]["units"], "long_name": variables[v]["long_name"]} for v in target_names]
+    return sources, targets, attrs
+
+
 def _observations(
-    name: str, array: xr.DataArray, coords: Sequence[str], batch_dim: str | None, stats: Stats | None
+    name: str, array: xr.DataArray, coords: Sequence[str], batch_dim: str | None, stats: Stats | None, origin: str
 ) -> Observations:
-    """One context source ``[B, N, 1]``: ``B`` entries along ``batch_dim`` (or 1), every other element a point."""
+    """One context source ``[B, N, 1]``: ``B`` entries along ``batch_dim`` (or 1), every other element a point.
+
+    Values are normalised with ``stats`` (``origin`` says where they came from, for errors); without statistics,
+    values that look physical (a ``units`` attribute, or mean or std above ``RAW_UNITS``) are refused.
+    """
     values = array.expand_dims("_task") if batch_dim is None else array.rename({batch_dim: "_task"})
     values = values.transpose("_task", ...)
     x = _points(values.isel(_task=0, drop=True), coords, f"context {name!r}")
     y = values.values.reshape(values.sizes["_task"], -1).astype(np.float64)
     y[~np.isfinite(y)] = np.nan  # +-inf is missing, like NaN
+    units = str(array.attrs.get("units", "")).strip()
+    has_values = bool(np.isfinite(y).any())
     if stats is not None:
         y = (y - stats[0]) / stats[1]
-    elif np.isfinite(y).any() and (abs(np.nanmean(y)) > RAW_UNITS or np.nanstd(y) > RAW_UNITS):
+        if has_values and (abs(np.nanmean(y)) > RAW_UNITS or np.nanstd(y) > RAW_UNITS):
+            raise ConfigError(
+                f"predict: context {name!r} normalised with {origin} (mean {stats[0]:.4g}, std {stats[1]:.4g}) has "
+                f"mean {np.nanmean(y):.4g} and std {np.nanstd(y):.4g}, far from the normalised values the model "
+                "was trained on: are the values in other units, or already normalised (then pass "
+                f"stats={{{name!r}: (0.0, 1.0)}})?"
+            )
+    elif units not in UNITLESS or (has_values and (abs(np.nanmean(y)) > RAW_UNITS or np.nanstd(y) > RAW_UNITS)):
+        if units not in UNITLESS:
+            what = f"has units {units!r}"
+        else:
+            what = f"has values of mean {np.nanmean(y):.4g} and std {np.nanstd(y):.4g}"
         raise ConfigError(
-            f"predict: context {name!r} has values of mean {np.nanmean(y):.4g} and std {np.nanstd(y):.4g}, "
-            "physical units rather than the normalised values the model was trained on; pass "
+            f"predict: context {name!r} {what}: physical units rather than the normalised values the model was "
+            f"trained on, and neither the caller nor the model's checkpoint gives its statistics. Pass "
             f"stats={{{name!r}: (mean, std)}} (the training statistics, e.g. from "
-            "gridtnp.data.store.normalisation_stats) or normalise the values yourself."
+            "gridtnp.data.store.normalisation_stats), load a checkpoint trained by gridtnp fit on an ERA5 "
+            "DataModule (it keeps them), or normalise the values yourself."
         )
     xs = torch.from_numpy(x).expand(y.shape[0], -1, -1)
     return Observations(xs, torch.from_numpy(y.astype(np.float32)).unsqueeze(-1))
@@ -217,18 +253,25 @@ def predict(
     ``(latitude, longitude)`` or stations ``(station,)`` with latitude/longitude coordinates. ``targets`` is any
     DataArray/Dataset with those coordinates; the result has its dims and coordinates. ``stats[source] = (mean,
     std)`` normalise the context values and ``target_stats`` un-normalises the predictions (the statistics the
-    model was trained with, e.g. ``gridtnp.data.store.normalisation_stats``). ``batch_dim`` (e.g. ``"time"``),
+    model was trained with, e.g. ``gridtnp.data.store.normalisation_stats``); without them, those the module's
+    checkpoint keeps are used (``NeuralProcessModule`` saves the ERA5 DataModules' statistics, variable names and
+    units: then context values are in physical units and so is the result, with the target's ``units`` and
+    ``long_name``). A module with a fitted variance calibration scales the std. ``batch_dim`` (e.g. ``"time"``),
     present on every context array, gives one task per entry. ``module`` is a ``NeuralProcessModule`` or a
     ``NeuralProcess``.
 
     Inputs are checked where they enter: latitudes outside [-90, 90] are refused, longitudes are wrapped into
     [-180, 180) (a 0-360 field is read correctly), +-inf values are missing like NaN, and context values in
-    physical units without ``stats`` are refused (mean or std above ``RAW_UNITS``).
+    physical units without any statistics are refused (a ``units`` attribute, or mean or std above ``RAW_UNITS``),
+    as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
-    obs = {
-        name: _observations(name, array, coords, batch_dim, (stats or {}).get(name)) for name, array in context.items()
-    }
+    saved, saved_targets, target_attrs = checkpoint_statistics(module)
+    obs = {}
+    for name, array in context.items():
+        given = (stats or {}).get(name)
+        origin = "the given stats" if given is not None else "the checkpoint's statistics"
+        obs[name] = _observations(name, array, coords, batch_dim, given or saved.get(name), origin)
     sizes = {o.x.shape[0] for o in obs.values()}
     if len(sizes) != 1:
         raise ConfigError(f"predict: the context sources have different numbers of tasks along {batch_dim!r}: {sizes}.")
@@ -244,9 +287,15 @@ def predict(
         dist = model(batch.context, batch.target.x)
     finally:
         model.train(was_training)
+    calibrate = getattr(module, "calibrate", None)
+    dist = calibrate(dist) if callable(calibrate) else dist
     mean, std = dist.mean.float().cpu().numpy(), dist.stddev.float().cpu().numpy()  # [B, N, Dy]
-    if target_stats is not None:
-        mean, std = mean * target_stats[1] + target_stats[0], std * target_stats[1]
+    outputs = [target_stats] * mean.shape[-1] if target_stats is not None else saved_targets
+    attrs: list[dict[str, str]] = [{}] * mean.shape[-1]
+    if len(outputs) == mean.shape[-1]:
+        offset, factor = np.array([o[0] for o in outputs]), np.array([o[1] for o in outputs])
+        mean, std = mean * factor + offset, std * factor
+        attrs = target_attrs if target_stats is None and len(target_attrs) == mean.shape[-1] else attrs
     lead = [] if batch_dim is None else [batch_dim]
     shape = [b] * bool(batch_dim) + [template.sizes[d] for d in template.dims]
     dims = lead + list(template.dims)
@@ -254,7 +303,11 @@ def predict(
     for name, values in (("mean", mean), ("std", std)):
         for j in range(values.shape[-1]):
             key = name if values.shape[-1] == 1 else f"{name}_{j}"
-            data[key] = (dims, values[..., j].reshape(shape))
+            described = dict(attrs[j])
+            if described:
+                kind = "mean" if name == "mean" else "standard deviation"
+                described["long_name"] = f"predictive {kind} of {described['long_name']}"
+            data[key] = (dims, values[..., j].reshape(shape), described)
     out_coords = {k: v for k, v in template.coords.items() if set(v.dims) <= set(template.dims)}
     first = next(iter(context.values()))
     if batch_dim is not None and batch_dim in first.coords:

@@ -28,7 +28,38 @@ def metrics_path(ckpt_path: str | os.PathLike | None, fallback_dir: str | os.Pat
 
 
 def format_metrics(metrics: dict[str, float], split: str) -> str:
-    """A plain-text table of ``{name: value}``, the log-likelihood with its standard error over tasks."""
+    """A plain-text table of ``{name: value}``, the log-likelihood with its standard error over tasks.
+
+    Names with a group prefix (``context/rmse``, ``heldout/rmse``, ``uncalibrated/rmse``,
+    ``uncalibrated/context/rmse``) become columns beside the pooled value (``all``), one row per metric.
+    """
+    groups: dict[str, dict[str, float]] = {}
+    for name, value in metrics.items():
+        group, _, metric = name.rpartition("/")
+        groups.setdefault(group, {})[metric] = value
+    if set(groups) == {""}:
+        return _single_column(metrics, split)
+    order = ["", "context", "heldout", "uncalibrated", "uncalibrated/context", "uncalibrated/heldout"]
+    columns = sorted(groups, key=lambda g: (order.index(g) if g in order else len(order), g))
+    names = list(dict.fromkeys(m for g in columns for m in groups[g]))
+    titles = [g or "all" for g in columns]
+    rows = [[f"{split}/{m}", *(_number(groups[g].get(m)) for g in columns)] for m in names]
+    widths = [max(len(r[i]) for r in [["metric", *titles], *rows]) for i in range(len(columns) + 1)]
+    lines = ["  ".join(f"{t:<{w}}" for t, w in zip(["metric", *titles], widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(f"{t:<{w}}" for t, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    notes = {"context": "targets that were also in the context", "heldout": "targets not in the context"}
+    notes["uncalibrated"] = "before the variance calibration (the model's own std)"
+    used = [f"{k}: {v}" for k, v in notes.items() if any(k in g.split("/") for g in columns)]
+    return "\n".join(lines + ([f"({'; '.join(used)})"] if used else []))
+
+
+def _number(value: float | None) -> str:
+    """A table cell: "-" where a group has no such metric or no targets (NaN: e.g. no context target)."""
+    return "-" if value is None or value != value else f"{value:.4f}"
+
+
+def _single_column(metrics: dict[str, float], split: str) -> str:
     rows = []
     for name, value in metrics.items():
         if name == "loglik_stderr":

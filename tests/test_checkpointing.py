@@ -167,3 +167,38 @@ def test_cli_names_a_corrupt_checkpoint_without_a_traceback(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"gridtnp: error: checkpoint {ckpt} is truncated" in err and "Traceback" not in err
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_separate_test_process_finds_the_best_checkpoint(tmp_path, capsys):
+    """``gridtnp test --ckpt_path best --checkpoint.dirpath DIR`` tests what fit selected by val/loglik, not last."""
+    import json
+    from pathlib import Path
+
+    from gridtnp.cli import main
+
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "gp1d_cnp.yaml")
+    ckpt_dir = tmp_path / "ckpt"
+    common = ["--config", recipe, "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
+    common += ["--checkpoint.dirpath", str(ckpt_dir), "--data.init_args.batch_size", "4"]
+    common += ["--model.init_args.variance_calibration", "true"]  # fitted at each validation, kept by the best
+    main(["fit", *common, "--trainer.max_steps", "6", "--trainer.val_check_interval", "2",
+          "--trainer.limit_val_batches", "2", "--plots.every_n_validations", "0"])  # fmt: skip
+    state = next(v for v in torch.load(ckpt_dir / "last.ckpt", weights_only=True)["callbacks"].values()
+                 if isinstance(v, dict) and "best_model_path" in v)  # fmt: skip
+    best = Path(state["best_model_path"])
+    assert best.parent == ckpt_dir.resolve() and best.name != "last.ckpt"
+    capsys.readouterr()
+    main(["test", *common, "--ckpt_path", "best", "--trainer.limit_test_batches", "2"])
+    out = capsys.readouterr().out
+    assert f"gridtnp: best checkpoint: {best} (val/loglik {float(state['best_model_score']):.4f})" in out
+    record = json.loads(best.with_name(f"{best.stem}.test_metrics.json").read_text())
+    assert record["checkpoint"] == str(best) and "loglik" in record["metrics"]
+    state = torch.load(best, weights_only=True)["state_dict"]
+    assert bool(state["std_scale_fitted"]) and float(state["std_scale"][0]) > 0
+    assert record["metrics"]["calibration_scale"] == pytest.approx(float(state["std_scale"][0]))
+    assert "uncalibrated/loglik" in record["metrics"] and "uncalibrated" in out.split("test/loglik")[0]
+    with pytest.raises(SystemExit) as exit_info:  # without the directory: one line saying what to add
+        main(["test", "--config", recipe, "--ckpt_path", "best", "--trainer.default_root_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--ckpt_path best needs --checkpoint.dirpath DIR" in capsys.readouterr().err

@@ -317,3 +317,21 @@ def test_predictions_cover_the_test_split_with_dense_maps(store: str) -> None:
     np.testing.assert_allclose(ds["v850_mean"].values, -u_field(850.0, h, la, lo), atol=1e-3)
     _, std = normalisation_stats(open_store(store), "u", 850.0)
     np.testing.assert_allclose(ds["u850_std"].values, std, rtol=1e-5)
+
+
+def test_variable_metadata_names_each_source_its_level_statistics_and_units(store: str) -> None:
+    """What a checkpoint keeps: per-level statistics, units, the sources and the targets in y's column order."""
+    dm = MultiSourceDataModule(store=store, variables=["u@850", "v@850", "u@500", "u10"],
+                               target_variables=["v@850", "u@850"], window=3, **DATES)  # fmt: skip
+    assert dm.variable_metadata() is None  # before setup
+    dm.setup()
+    meta = dm.variable_metadata()
+    assert meta["sources"] == {"u850": ["u850"], "v850": ["v850"], "u500": ["u500"], "u10": ["u10"]}
+    assert meta["target"] == ["u850", "v850"]  # the targets' y columns follow the sources' order
+    ds = open_store(dm.store_path())
+    for name, variable, level in [("u850", "u", 850.0), ("u500", "u", 500.0), ("u10", "u10", None)]:
+        mean, std = normalisation_stats(ds, variable, level)
+        entry = meta["variables"][name]
+        assert (entry["mean"], entry["std"]) == (mean, std)
+        assert entry["units"] == str(ds[variable].attrs.get("units", ""))
+    assert meta["variables"]["u850"]["mean"] != meta["variables"]["u500"]["mean"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import lightning as L
@@ -111,8 +112,25 @@ def test_gridtnp_plot_writes_pngs(tmp_path: Path, capsys: pytest.CaptureFixture)
     args = ["plot", "--config", str(recipe), "--ckpt_path", str(ckpt), "--out", str(out), "--num_tasks", "3"]
     main([*args, "--data.init_args.test_batches", "2", "--data.init_args.batch_size", "2"])
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["test_standardised_errors.png", "test_task000.png", "test_task001.png", "test_task002.png"]
+    assert names == [
+        "test_reliability.png", "test_standardised_errors.png", "test_task000.png", "test_task001.png",
+        "test_task002.png",
+    ]  # fmt: skip
     assert all((out / n).read_bytes()[:4] == PNG for n in names)
-    assert "4 files" in capsys.readouterr().out
+    assert "5 files" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["plot", "--config", str(recipe), "--ckpt_path", str(tmp_path / "nope.ckpt"), "--out", str(out)])
+
+
+def test_reliability_diagram_coverage_of_calibrated_and_over_confident_errors(tmp_path: Path) -> None:
+    from gridtnp.plots import RELIABILITY_LEVELS, interval_coverage, plot_reliability
+
+    z = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
+    np.testing.assert_allclose(interval_coverage(z), RELIABILITY_LEVELS, atol=0.005)  # on the diagonal
+    wide = interval_coverage(2.0 * z)  # std half the truth's: every interval covers less than it says
+    assert all(w < level - 0.03 for w, level in zip(wide, RELIABILITY_LEVELS, strict=True) if level < 0.99)
+    expected_90 = math.erf(1.6448536 / 2 / math.sqrt(2))  # P(|z| < 1.645 / 2) = 0.589
+    assert wide[RELIABILITY_LEVELS.index(0.9)] == pytest.approx(expected_90, abs=0.005)
+    fig = plot_reliability({"calibrated": z, "over-confident": 2.0 * z})
+    fig.savefig(tmp_path / "reliability.png")
+    assert (tmp_path / "reliability.png").read_bytes()[:4] == PNG

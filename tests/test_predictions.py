@@ -162,7 +162,7 @@ def test_python_api_checks_its_inputs() -> None:
     np.testing.assert_allclose(out_360["mean"].values, out["mean"].values, rtol=1e-6)
     with pytest.raises(ConfigError, match=r"latitudes outside \[-90, 90\] \(e.g. 100"):
         predict(module, {"grid": grid, "stations": stations}, targets.assign_coords(latitude=[50.0, 51.0, 100.0]))
-    with pytest.raises(ConfigError, match=r"physical units.*pass stats=\{'grid'"):
+    with pytest.raises(ConfigError, match=r"physical units.*Pass stats=\{'grid'"):
         predict(module, {"grid": grid + 280.0, "stations": stations}, targets)
     inf = grid.copy()
     inf[0, 0], nan = np.inf, grid.copy()
@@ -171,3 +171,45 @@ def test_python_api_checks_its_inputs() -> None:
         predict(module, {"grid": inf, "stations": stations}, targets)["mean"].values,
         predict(module, {"grid": nan, "stations": stations}, targets)["mean"].values,
     )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fit saves the data's statistics, names and units in the checkpoint; predict needs nothing else."""
+    saved = torch.load(checkpoint, weights_only=True)["gridtnp_data"]
+    assert saved["sources"] == {"grid": ["t2m"], "stations": ["t2m"]} and saved["target"] == ["t2m"]
+    t2m = saved["variables"]["t2m"]
+    assert t2m["units"] == "K" and 270 < t2m["mean"] < 290 and 0 < t2m["std"] < 20 and t2m["long_name"]
+    monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path / "no_store_here"))  # no store, no DataModule
+    module = NeuralProcessModule.load_from_checkpoint(checkpoint, map_location="cpu")
+    rng = np.random.default_rng(0)
+    lat, lon = np.arange(50.5, 58.0, 1.0), np.arange(-9.5, 2.0, 1.0)
+    kelvin = {"units": "K"}
+    grid = xr.DataArray(
+        278 + 3 * rng.standard_normal((len(lat), len(lon))), dims=("latitude", "longitude"),
+        coords={"latitude": lat, "longitude": lon}, attrs=kelvin,
+    )  # fmt: skip
+    stations = xr.DataArray(
+        278 + 3 * rng.standard_normal(6), dims=("station",), attrs=kelvin,
+        coords={"latitude": ("station", rng.uniform(51, 57, 6)), "longitude": ("station", rng.uniform(-8, 1, 6))},
+    )  # fmt: skip
+    targets = xr.Dataset(coords={"latitude": np.linspace(51, 57, 4), "longitude": np.linspace(-8, 1, 5)})
+    out = predict(module, {"grid": grid, "stations": stations}, targets)
+    assert out["mean"].attrs["units"] == out["std"].attrs["units"] == "K"
+    assert 250 < float(out["mean"].mean()) < 300 and float(out["std"].min()) > 0
+    # The same as normalising by hand with the saved statistics and converting back.
+    m, s = t2m["mean"], t2m["std"]
+    by_hand = {"grid": ((grid - m) / s).drop_attrs(), "stations": ((stations - m) / s).drop_attrs()}
+    unit = {"grid": (0.0, 1.0), "stations": (0.0, 1.0)}
+    ref = predict(module, by_hand, targets, stats=unit, target_stats=(m, s))
+    np.testing.assert_allclose(out["mean"].values, ref["mean"].values, rtol=1e-5)
+    np.testing.assert_allclose(out["std"].values, ref["std"].values, rtol=1e-5)
+    # Already normalised values are not normalised twice in silence.
+    with pytest.raises(ConfigError, match=r"normalised with the checkpoint's statistics .* already normalised"):
+        predict(module, by_hand, targets)
+    # A model whose checkpoint has no statistics refuses kelvin, even values that look small (units say so).
+    bare = small_station_model()
+    with pytest.raises(ConfigError, match=r"context 'grid' has units 'K'.*neither the caller nor the model"):
+        predict(bare, {"grid": (grid - 278.0), "stations": stations}, targets)

@@ -210,3 +210,39 @@ def test_cosine_schedule_warms_up_then_decays_to_zero_at_max_steps():
     assert all(a >= b for a, b in itertools.pairwise(rates[9:]))
     with pytest.raises(ConfigError, match="lr_schedule"):
         NeuralProcessModule(preset="cnp", dim_x=1, dim_y=1, lr_schedule="linear")
+
+
+def test_cosine_schedule_follows_the_time_budget_when_max_time_stops_the_run_first(capsys):
+    """max_time and cosine agree: the decay follows elapsed / max_time (or max_steps, whichever is further on)."""
+    from lightning.pytorch.callbacks import Timer
+
+    module = NeuralProcessModule(preset="cnp", dim_x=1, dim_y=1, lr=1e-3, warmup_steps=2, lr_schedule="cosine")
+    for max_steps in (-1, 1000):  # no step bound, and a step bound the time budget cuts long before
+        module.trainer = L.Trainer(
+            max_time={"seconds": 100}, max_steps=max_steps, logger=False, enable_checkpointing=False
+        )
+        timer = next(cb for cb in module.trainer.callbacks if isinstance(cb, Timer))
+        elapsed = [0.0]
+        timer.time_elapsed = lambda stage="train", clock=elapsed: clock[0]
+        config = module.configure_optimizers()
+        optimiser, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+        rates = {}
+        for step in range(12):
+            elapsed[0] = {5: 50.0, 11: 100.0}.get(step, elapsed[0] + 1.0)
+            optimiser.step()
+            scheduler.step()  # the rate of step + 1, computed at this elapsed time
+            rates[step + 1] = optimiser.param_groups[0]["lr"]
+        assert rates[1] == pytest.approx(1e-3)  # end of the 2-step warm-up
+        assert rates[6] == pytest.approx(0.5e-3)  # half the time budget: half the rate
+        assert rates[12] == pytest.approx(0.0, abs=1e-12)  # the budget spent: 0, whatever the step count
+        module.on_fit_start()
+        line = next(x for x in capsys.readouterr().out.splitlines() if "lr_schedule cosine" in x)
+        assert "sized to --trainer.max_time (100 s)" in line and ("max_steps 1000" in line) == (max_steps > 0)
+    # With both limits, whichever is further on drives the decay: here the steps.
+    module.trainer = L.Trainer(max_time={"seconds": 10**6}, max_steps=12, logger=False, enable_checkpointing=False)
+    config = module.configure_optimizers()
+    optimiser, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    for _ in range(12):
+        optimiser.step()
+        scheduler.step()
+    assert optimiser.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)

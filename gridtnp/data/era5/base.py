@@ -6,6 +6,9 @@ chunk cache) and helpers of their task samplers.
 * ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
 * ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
 * ``check_fraction_range(where, name, (a, b))``: ``0 <= a <= b <= 1``, or a ``ConfigError``.
+
+``ERA5DataModule.variable_metadata()`` describes the data for checkpoints (``NeuralProcessModule`` saves it), so
+that ``gridtnp.predictions.predict`` can normalise a user's physical-unit inputs from a checkpoint alone.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import xarray as xr
 from gridtnp.batch import Observations
 from gridtnp.data.datamodules import TaskDataModule
 from gridtnp.data.layout import STATS_ATTR, DataError, iso, select_time
-from gridtnp.data.store import ChunkCache, open_store
+from gridtnp.data.store import ChunkCache, normalisation_stats, open_store
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError
 
@@ -78,6 +81,54 @@ class ERA5DataModule(TaskDataModule):
         self.convert_layout, self.stats = convert_layout, dict(stats or {})
         self.allow_stats_overlap = allow_stats_overlap
         self.dates = {split: tuple(pair) for split, pair in dates.items()}
+        self._metadata: dict[str, Any] | None = None
+
+    def source_variables(self) -> dict[str, list[str]]:
+        """The variables of each context source, in the order of its ``y`` columns.
+
+        This default is the station + reanalysis layout (``grid_variables`` on ``"grid"``, ``station_variable`` at
+        ``"stations"``); ``MultiSourceDataModule`` overrides it.
+        """
+        return {"grid": list(self.grid_variables), "stations": [self.station_variable]}
+
+    def target_variables(self) -> list[str]:
+        """The variables predicted at the targets, in the order of the targets' ``y`` columns."""
+        return [self.station_variable]
+
+    def store_variable(self, name: str) -> tuple[str, float | None]:
+        """The store's variable and level behind a name of ``source_variables`` (the same name, no level)."""
+        return name, None
+
+    def variable_metadata(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the data, or None before ``setup``: ``{"variables": {name: {"mean", "std",
+        "units", "long_name"}}, "sources": {source: [name, ...]}, "target": [name, ...], "store": path}``, with
+        the statistics the tasks are normalised with (``stats``, else the store's)."""
+        if getattr(self, "task", None) is None:
+            return None
+        if self._metadata is None:
+            sources, targets = self.source_variables(), self.target_variables()
+            names = {
+                n: self.store_variable(n) for n in dict.fromkeys([*(n for v in sources.values() for n in v), *targets])
+            }
+            path = self.store_path()
+            ds = self.open(list(dict.fromkeys(variable for variable, _ in names.values())))
+            variables = {}
+            for name, (variable, level) in names.items():
+                mean, std = normalisation_stats(ds, variable, level, source=path, given=self.stats)
+                attrs = ds[variable].attrs
+                variables[name] = {
+                    "mean": mean,
+                    "std": std,
+                    "units": str(attrs.get("units", "")),
+                    "long_name": str(attrs.get("long_name", variable)),
+                }
+            self._metadata = {
+                "variables": variables,
+                "sources": sources,
+                "target": targets,
+                "store": path,
+            }
+        return self._metadata
 
     def store_path(self) -> str:
         """The store this module reads: ``store``, or the embedded sample's cache path."""

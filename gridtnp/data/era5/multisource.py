@@ -360,6 +360,19 @@ class MultiSourceDataModule(ERA5DataModule):
             self.target_fraction,
         )
 
+    def source_variables(self) -> dict[str, list[str]]:
+        """Each context source is one variable (or level): ``{name: [name]}``."""
+        return {s.name: [s.name] for s in self.sources}
+
+    def target_variables(self) -> list[str]:
+        """The target variables' source names, in the order of the targets' ``y`` columns (the sources' order)."""
+        return [s.name for s in self.sources if s.name in self.targets]
+
+    def store_variable(self, name: str) -> tuple[str, float | None]:
+        """The store's variable and level of source ``name`` (``("u", 850.0)`` for ``"u850"``)."""
+        source = next(s for s in self.sources if s.name == name)
+        return source.variable, source.level
+
     def predict_dataloader(self) -> DataLoader:
         """Consecutive, non-overlapping windows of the test split, ``batch_size`` a batch, predicted at every point."""
         self.setup()

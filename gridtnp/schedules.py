@@ -1,0 +1,65 @@
+"""Learning-rate schedules of ``NeuralProcessModule``: a linear warm-up, then constant or a cosine decay to 0 at the
+end of the run's budget, in optimiser steps (``trainer.max_steps``) or in time (``trainer.max_time``).
+
+* ``time_budget(trainer)``: the Lightning ``Timer`` that stops a run at ``max_time``, or None.
+* ``Schedule(warmup, cosine, total_steps, timer)``: the factor on the base learning rate at each step
+  (``torch.optim.lr_scheduler.LambdaLR``).
+
+With a time budget the cosine's progress is ``max(steps done / max_steps, elapsed / max_time)``: the learning rate
+reaches 0 when the first of the two limits stops the run. Elapsed time is the ``Timer``'s (training, validation and
+checkpointing included, carried over when a run resumes), so such runs are not bit-reproducible: the learning rate
+at a given step depends on how fast the machine was.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lightning.pytorch.callbacks import Timer
+
+
+def time_budget(trainer: Any) -> Timer | None:
+    """The trainer's ``Timer`` callback when ``max_time`` bounds the run (Lightning adds one), else None."""
+    for callback in getattr(trainer, "callbacks", []):
+        if isinstance(callback, Timer) and callback.time_remaining() is not None:
+            return callback
+    return None
+
+
+def budget_seconds(timer: Timer) -> float:
+    """The whole time budget of ``timer`` in seconds (elapsed plus remaining)."""
+    return timer.time_elapsed() + (timer.time_remaining() or 0.0)
+
+
+class Schedule:
+    """Factor on the base learning rate at optimiser step ``step``: ``(step + 1) / warmup`` during the warm-up, then 1
+    (constant) or ``(1 + cos(pi * progress)) / 2`` (cosine), ``progress`` in [0, 1] as in the module docstring.
+
+    Args:
+        warmup: warm-up steps.
+        cosine: decay after the warm-up (else constant).
+        total_steps: the step budget (``max_steps``), or None when only time bounds the run.
+        timer: the time budget's ``Timer``, or None.
+    """
+
+    def __init__(self, warmup: int, cosine: bool, total_steps: int | None, timer: Timer | None) -> None:
+        if cosine and total_steps is None and timer is None:
+            raise ValueError("a cosine schedule needs a step budget or a time budget")
+        self.warmup, self.cosine, self.total_steps, self.timer = warmup, cosine, total_steps, timer
+
+    def progress(self, step: int) -> float:
+        """Share of the budget used at ``step``: the larger of the step share (after the warm-up) and the time share."""
+        done = 0.0
+        if self.total_steps is not None:
+            done = (step - self.warmup) / max(self.total_steps - self.warmup, 1)
+        if self.timer is not None:
+            done = max(done, self.timer.time_elapsed() / max(budget_seconds(self.timer), 1e-9))
+        return min(max(done, 0.0), 1.0)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if not self.cosine:
+            return 1.0
+        return 0.5 * (1.0 + math.cos(math.pi * self.progress(step)))
