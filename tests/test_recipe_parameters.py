@@ -14,7 +14,15 @@ import yaml
 from gridtnp.models import build_model, count_parameters, create_model
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINING_KEYS = ("lr", "weight_decay", "warmup_steps", "lr_schedule", "cos_latitude_weighting", "latitude_dim")
+TRAINING_KEYS = (
+    "lr",
+    "weight_decay",
+    "warmup_steps",
+    "lr_schedule",
+    "cos_latitude_weighting",
+    "latitude_dim",
+    "variance_calibration",  # a buffer, not a parameter
+)
 
 RECIPE_PARAMETERS = {
     "era5_cnp.yaml": 54850,

@@ -1,7 +1,8 @@
 """The ERA5 task DataModules; importing this package registers them (``era5_stations``, ``era5_multisource``).
 
 * ``base``: ``ERA5DataModule``, what both share (a prepared store or the embedded sample, date splits, chunk cache).
-* ``station_reanalysis``: ``StationReanalysisDataModule``, station + reanalysis tasks, and its sampler.
+* ``station_reanalysis``: ``StationReanalysisDataModule``, station + reanalysis tasks; ``station_tasks``: its sampler;
+  ``blocks``: the per-task block layouts of its coarse context.
 * ``multisource``: ``MultiSourceDataModule``, multi-source spatio-temporal tasks, ``Source`` and its sampler.
 * ``to_xarray``: their ``gridtnp predict`` outputs as CF ``xarray.Dataset``s in physical units.
 

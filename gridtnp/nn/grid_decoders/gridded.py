@@ -247,13 +247,6 @@ class KNNDecoder(nn.Module):
         context_sources: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(context_k, bool) or not isinstance(context_k, int) or context_k < 0:
-            raise ValueError(
-                f"grid decoder '{self.registry_name}': context_k must be an integer >= 0; got {context_k!r}."
-            )
-        self.context_k = context_k
-        self.context_sources = None if context_sources is None else list(context_sources)
-        self.takes_context = context_k > 0  # the model passes the context tokens to forward
         if relative_position not in (False, True, "keys", "keys_values"):
             raise ValueError(
                 f"grid decoder '{self.registry_name}': relative_position must be false, true, 'keys' or "
@@ -270,11 +263,26 @@ class KNNDecoder(nn.Module):
             k,
             layers,
             lambda: NeighbourCrossAttentionBlock(dim, heads, head_dim, mlp_dim, rel_dim, rel_values=values),
+            context_k,
+            context_sources,
         )
 
-    def build(self, grid: Grid | None, k: int, layers: int, block: Callable[[], NeighbourCrossAttentionBlock]) -> None:
-        """Check ``k`` and ``layers``, then make ``layers`` blocks."""
+    def build(
+        self,
+        grid: Grid | None,
+        k: int,
+        layers: int,
+        block: Callable[[], NeighbourCrossAttentionBlock],
+        context_k: int = 0,
+        context_sources: Sequence[str] | None = None,
+    ) -> None:
+        """Check ``k``, ``layers`` and ``context_k``, then make ``layers`` blocks."""
         name = self.registry_name
+        if isinstance(context_k, bool) or not isinstance(context_k, int) or context_k < 0:
+            raise ValueError(f"grid decoder {name!r}: context_k must be an integer >= 0; got {context_k!r}.")
+        self.context_k = context_k
+        self.context_sources = None if context_sources is None else list(context_sources)
+        self.takes_context = context_k > 0  # the model passes the context tokens to forward
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(
                 f"grid decoder {name!r}: k (the number of grid neighbours per target) must be >= 1; got {k!r}."

@@ -1,0 +1,202 @@
+"""The station + reanalysis task sampler behind ``StationReanalysisDataModule``.
+
+* ``StationReanalysisTask``: draws a batch of tasks (one hour each) of a split: the coarse context on each task's
+  block layout, a share of the stations as context, the stations (or given points) as targets.
+* ``Split``: a split's target hours and grid hours; ``SplitTask``: the ``Task`` interface of one split (training);
+  ``HourSet``: every hour of a split once, in order (validation, test, predictions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from gridtnp.batch import Batch
+from gridtnp.data.datamodules import generator_from
+from gridtnp.data.era5.base import masked_observations
+from gridtnp.data.era5.blocks import BlockLayout, draw_layouts
+from gridtnp.data.store import ChunkCache
+
+
+class Split:
+    """Time steps of one split: target times and the grid times ``time_offset_hours`` earlier, ``[T]`` each."""
+
+    def __init__(self, name: str, target_time: np.ndarray, grid_time: np.ndarray) -> None:
+        self.name, self.target_time, self.grid_time = name, target_time, grid_time
+
+
+class StationReanalysisTask:
+    """Draws batches of station + reanalysis tasks; see ``StationReanalysisDataModule`` for the task."""
+
+    def __init__(
+        self,
+        cache: ChunkCache,
+        grid_variables: Sequence[str],
+        station_variable: str,
+        stats: dict[str, tuple[float, float]],
+        coords: tuple[np.ndarray, np.ndarray],
+        station_index: np.ndarray,
+        layouts: dict[str, tuple[Sequence[int], Sequence[int] | None]],
+        context_fraction: tuple[float, float],
+        targets: str,
+        hour_of_day: np.ndarray | None = None,
+    ) -> None:
+        self.cache, self.grid_variables, self.station_variable = cache, list(grid_variables), station_variable
+        self.mean = np.array([stats[v][0] for v in self.grid_variables], dtype=np.float32)
+        self.std = np.array([stats[v][1] for v in self.grid_variables], dtype=np.float32)
+        self.station_mean, self.station_std = (np.float32(s) for s in stats[station_variable])
+        self.lat, self.lon = (np.asarray(c, dtype=np.float64) for c in coords)
+        self.shape = (len(self.lat), len(self.lon))
+        self.wrap_lon = (
+            bool(np.isclose(abs(self.lon[1] - self.lon[0]) * len(self.lon), 360.0)) if len(self.lon) > 1 else False
+        )
+        self.station_index = station_index  # [2, S] (lat, lon) index of each station's grid point
+        self.station_flat = station_index[0] * self.shape[1] + station_index[1]  # [S]
+        # x is the grid point the value is read from (as in the paper), not the CSV coordinate up to half a cell away.
+        self.station_x = np.stack([self.lat[station_index[0]], self.lon[station_index[1]]], -1).astype(np.float32)
+        self.layouts, self.context_fraction, self.targets = layouts, context_fraction, targets
+        self.hour_of_day = hour_of_day  # [T] hour of day (fractional) of each store time, or None
+
+    @property
+    def num_stations(self) -> int:
+        return self.station_x.shape[0]
+
+    def sample(
+        self,
+        batch_size: int,
+        generator: torch.Generator,
+        split: Split,
+        pick: np.ndarray | None = None,
+        share: float | None = None,
+        target_x: np.ndarray | None = None,
+    ) -> Batch:
+        """``batch_size`` tasks at random hours of ``split``: context ``grid [B, G, Dy]`` and ``stations``, targets.
+
+        ``pick [B]`` fixes the hours (indices into the split), ``share`` the stations' context share, and
+        ``target_x [P, 2]`` replaces the station targets by those points (values unknown: ``y = 0``). Each task's
+        coarse lattice follows ``layouts[split.name]`` (``layouts["train"]`` for other names).
+        """
+        b, s = batch_size, self.num_stations
+        if pick is None:
+            pick = torch.randint(len(split.target_time), (b,), generator=generator).numpy()
+        low, high = self.context_fraction if share is None else (share, share)
+        share_b = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64)
+        n_ctx = np.minimum(np.floor(share_b.numpy() * s).astype(np.int64), s - 1)  # at least one target
+        perm = torch.argsort(torch.rand(b, s, generator=generator), dim=1).numpy()  # [B, S] random station order
+        factors, offset = self.layouts.get(split.name, self.layouts["train"])
+        layout = BlockLayout(*draw_layouts(b, factors, offset, generator), self.shape, self.wrap_lon)
+
+        t_target, t_grid = split.target_time[pick], split.grid_time[pick]
+        requests = [(v, t_grid) for v in self.grid_variables] + [(self.station_variable, t_target)]
+        baseline_in_grid = self.station_variable in self.grid_variables
+        if not baseline_in_grid:
+            requests.append((self.station_variable, t_grid))
+        fields = [f.reshape(b, -1) for f in self.cache.read(requests)]  # [B, H * W] each
+        n_grid = len(self.grid_variables)
+        coarse = layout.means(np.stack(fields[:n_grid] if baseline_in_grid else [*fields[:n_grid], fields[-1]], -1))
+        coarse_station = coarse[..., self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
+        coarse = coarse[..., :n_grid]  # [B, G, V] the grid variables at the grid time, block means
+
+        # On-the-grid context: every block of the task's layout, at the mean of its points' coordinates,
+        # normalised; blocks with a NaN in any variable (or padding beyond a task's block count) are masked out.
+        grid_x = layout.coordinates(self.lat, self.lon)  # [B, G, 2]
+        y_grid = ((coarse - self.mean) / self.std).astype(np.float32)
+        grid_ok = np.isfinite(y_grid).all(-1) & layout.exists
+        if self.hour_of_day is not None:  # (sin, cos) of the target's hour of day on every block: [B, G, 2]
+            angle = 2 * np.pi * self.hour_of_day[t_target] / 24.0
+            clock = np.stack([np.sin(angle), np.cos(angle)], -1).astype(np.float32)
+            y_grid = np.concatenate([y_grid, np.broadcast_to(clock[:, None], (*y_grid.shape[:2], 2))], -1)
+        rows = np.arange(b)[:, None]
+        station_y = (fields[n_grid][:, self.station_flat] - self.station_mean) / self.station_std  # [B, S]
+        station_ok = np.isfinite(station_y)
+        baseline = (coarse_station[rows, layout.block_of(self.station_flat)] - self.station_mean) / self.station_std
+
+        # Off-the-grid context: the first n_ctx stations of each task's order; targets: the rest, or every station.
+        width_c = max(int(n_ctx.max()), 1)
+        idx_c = perm[:, :width_c]
+        mask_c = (np.arange(width_c) < n_ctx[:, None]) & np.take_along_axis(station_ok, idx_c, 1)
+        if self.targets == "held_out" and share is None:
+            width_t = s - int(n_ctx.min())
+            pos = n_ctx[:, None] + np.arange(width_t)
+            idx_t = np.take_along_axis(perm, np.minimum(pos, s - 1), 1)
+            mask_t = pos < s
+        else:
+            idx_t = np.broadcast_to(np.arange(s), (b, s))
+            mask_t = np.ones((b, s), dtype=bool)
+        mask_t = mask_t & np.take_along_axis(station_ok, idx_t, 1)
+
+        context = {
+            "grid": masked_observations(
+                torch.from_numpy(np.where(grid_ok[..., None], grid_x, 0.0).astype(np.float32)),
+                y_grid,
+                grid_ok,
+                "context['grid']",
+            ),
+            "stations": masked_observations(
+                torch.from_numpy(self.station_x[idx_c]),
+                np.take_along_axis(station_y, idx_c, 1)[..., None],
+                mask_c,
+                "context['stations']",
+            ),
+        }
+        extras = {
+            "target_scale": torch.full((b,), float(self.station_std)),
+            "hour": torch.from_numpy(t_target.astype(np.int64)),
+        }
+        if target_x is not None:
+            p = len(target_x)
+            x_t = torch.from_numpy(np.ascontiguousarray(target_x, dtype=np.float32)).expand(b, p, 2)
+            target = masked_observations(x_t, np.zeros((b, p, 1), np.float32), np.ones((b, p), bool), "target")
+            return Batch(context, target, extras)
+        y_t = np.take_along_axis(station_y, idx_t, 1)
+        coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, 0.0) ** 2  # [B, Nt]
+        target = masked_observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
+        extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
+        is_context = np.zeros((b, s), dtype=bool)
+        np.put_along_axis(is_context, idx_c, mask_c, axis=1)  # [B, S] by station
+        extras["is_context"] = torch.from_numpy(np.take_along_axis(is_context, idx_t, 1) & mask_t)  # [B, Nt]
+        return Batch(context, target, extras)
+
+
+class SplitTask:
+    """The ``Task`` interface (``sample(batch_size, generator)``) of one split, for the shared task streams."""
+
+    def __init__(self, task: StationReanalysisTask, split: Split) -> None:
+        self.task, self.split = task, split
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        return self.task.sample(batch_size, generator, self.split)
+
+
+class HourSet(Dataset):
+    """Every ``stride``-th hour of a split once, in order, ``draws`` tasks in a row per hour (each its own context
+    draw), ``batch_size`` tasks a batch; batch ``i`` is drawn from the generator seeded with ``(seed, tag, i)``."""
+
+    def __init__(
+        self,
+        task: StationReanalysisTask,
+        split: Split,
+        batch_size: int,
+        seed: int,
+        tag: str,
+        draws: int = 1,
+        share: float | None = None,
+        target_x: np.ndarray | None = None,
+        stride: int = 1,
+    ) -> None:
+        self.task, self.split, self.batch_size, self.seed, self.tag = task, split, batch_size, seed, tag
+        self.hours = np.repeat(np.arange(0, len(split.target_time), stride), draws)  # [T / stride * draws]
+        self.share, self.target_x = share, target_x
+
+    def __len__(self) -> int:
+        return -(-len(self.hours) // self.batch_size)
+
+    def __getitem__(self, index: int) -> Batch:
+        if not 0 <= index < len(self):
+            raise IndexError(f"{self.tag} set has {len(self)} batches; got index {index}.")
+        pick = self.hours[index * self.batch_size : (index + 1) * self.batch_size]
+        generator = generator_from(self.seed, self.tag, int(index))
+        return self.task.sample(len(pick), generator, self.split, pick, self.share, self.target_x)
