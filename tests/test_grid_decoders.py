@@ -342,3 +342,35 @@ def test_knn_context_skip_matches_loop() -> None:
         dec([state], zt, xt, context={"grid": other})
     with pytest.raises(ValueError, match="context_k must be an integer >= 0"):
         knn(grid, context_k=-1)
+
+
+def test_knn_distance_bias_matches_loop() -> None:
+    """distance_bias: each head's logits get -softplus(a_h) |offset|^2 (offsets in grid spacings) before the softmax."""
+    grid = GRIDS["2d"][0]
+    dec = knn(grid, k=4, distance_bias=True)
+    block = dec.blocks[0]
+    with torch.no_grad():
+        block.decay.copy_(torch.tensor([-2.0, 0.0, 1.0, 3.0]))
+    (state,) = grid_states(2, grid, 1)
+    xt, zt = random_targets(2, 5, grid), torch.randn(2, 5, DIM)
+    out = dec([state], zt, xt)
+    coords = grid_coords(grid)
+    near = neighbour_mask(xt, grid, 4)
+    ref = torch.zeros(2, 5, DIM)
+    for b in range(2):
+        for t in range(5):
+            g = near[b, t].nonzero().flatten().tolist()
+            if not g:
+                continue
+            q = block.attn.to_q(block.norm_q(zt[b, t]))
+            keys, values = block.attn.to_kv(block.norm_kv(state.tokens[b].reshape(-1, DIM)[g])).chunk(2, -1)
+            sq = torch.tensor([sum(o * o for o in offset_in_spacings(xt[b, t].tolist(), coords[m], grid)) for m in g])
+            heads = []
+            for h in range(HEADS):
+                s = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
+                logits = keys[:, s] @ q[s] / math.sqrt(HEAD_DIM) - torch.nn.functional.softplus(block.decay[h]) * sq
+                heads.append(torch.softmax(logits, 0) @ values[:, s])
+            ref[b, t] = block.attn.out(torch.cat(heads))
+    ref = zt + ref
+    ref = ref + block.mlp(block.norm2(ref))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -107,10 +107,14 @@ class MultiHeadAttention(nn.Module):
         k, v = self.project_kv(kv)
         return self.attend(q, k, v, mask)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Attention from raw queries ``[B, Nq, D]`` to projected ``k, v [B, H, Nk, Dh]``."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        """Attention from raw queries ``[B, Nq, D]`` to projected ``k, v [B, H, Nk, Dh]``; ``bias`` (broadcastable
+        to ``[B, H, Nq, Nk]``) is added to the logits."""
         qh = self.split_heads(self.to_q(q))
         attn_mask, has_key = attention_mask(mask, q.shape[1])
+        if bias is not None:
+            bias = bias.to(qh.dtype)
+            attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, float("-inf"))
         out = F.scaled_dot_product_attention(
             qh, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
         )

@@ -7,10 +7,12 @@ are found by index arithmetic on the regular grid (``Grid.neighbours``), ``O(N_t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, mlp, te_attention
@@ -161,10 +163,19 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
         rel_dim: int | None = None,
         attention: MultiHeadAttention | None = None,
         rel_values: bool = False,
+        distance_bias: bool = False,
     ) -> None:
         super().__init__(dim, heads, head_dim, mlp_dim, attention=attention)
         self.rel = mlp(rel_dim, heads * head_dim * (1 + rel_values), mlp_dim) if rel_dim else None
         self.rel_values = bool(rel_dim) and rel_values
+        if distance_bias and self.attn.located:
+            raise ValueError(
+                "NeighbourCrossAttentionBlock: distance_bias needs dot-product attention, not TE attention."
+            )
+        # -softplus(decay_h) |offset|^2 on each head's logits; decays spread from wide (0.1) to sharp (4) at init.
+        self.decay = (
+            nn.Parameter(torch.log(torch.expm1(torch.logspace(-1, math.log10(4.0), heads)))) if distance_bias else None
+        )
 
     def forward(  # type: ignore[override]
         self, zq: Tensor, zkv: Tensor, index: Tensor, valid: Tensor, offset: Tensor | None = None
@@ -179,7 +190,7 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
         # Keys/values are projected once on the grid ([B, H, M, Dh]) and then gathered, not projected per copy.
         keys, values = attn.project_kv(self.norm_kv(zkv))
         keys, values = gather_heads(keys, index), gather_heads(values, index)  # [B*Nt, H, K, Dh]
-        if (self.rel is not None or attn.located) and offset is None:
+        if (self.rel is not None or attn.located or self.decay is not None) and offset is None:
             raise ValueError("NeighbourCrossAttentionBlock with rel_dim or TE attention needs the neighbours' offsets.")
         if self.rel is not None:
             rel = self.rel(offset.to(self.rel[0].weight.dtype))
@@ -192,6 +203,9 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
         key_mask = valid.reshape(b * nt, k)
         if attn.located:
             out = attn.attend(q, keys, values, key_mask, offset.reshape(b * nt, 1, k, -1))
+        elif self.decay is not None:
+            sq = offset.float().square().sum(-1).reshape(b * nt, 1, 1, k)  # squared offsets in grid spacings
+            out = attn.attend(q, keys, values, key_mask, -F.softplus(self.decay).view(1, -1, 1, 1) * sq)
         else:
             out = attn.attend(q, keys, values, key_mask)
         return self.mix(zq, out.view(zq.shape))
@@ -230,6 +244,9 @@ class KNNDecoder(nn.Module):
         dim_x: input dimension Dx (sizes the ``relative_position`` offset features; the grid's dimension if not given).
         context_k: also attend to this many nearest context tokens per target (0: grid tokens only).
         context_sources: the context sources whose tokens ``context_k`` reads; null: every source.
+        distance_bias: add ``-softplus(a_h) |offset|^2`` (offset in grid spacings, one learned ``a_h`` per head) to
+            the attention logits, so heads can prefer the nearest tokens (a kernel's locality; a context token at
+            the target's own location wins in the sharpest heads).
     """
 
     def __init__(
@@ -245,6 +262,7 @@ class KNNDecoder(nn.Module):
         dim_x: int | None = None,
         context_k: int = 0,
         context_sources: Sequence[str] | None = None,
+        distance_bias: bool = False,
     ) -> None:
         super().__init__()
         if relative_position not in (False, True, "keys", "keys_values"):
@@ -262,7 +280,9 @@ class KNNDecoder(nn.Module):
             grid,
             k,
             layers,
-            lambda: NeighbourCrossAttentionBlock(dim, heads, head_dim, mlp_dim, rel_dim, rel_values=values),
+            lambda: NeighbourCrossAttentionBlock(
+                dim, heads, head_dim, mlp_dim, rel_dim, rel_values=values, distance_bias=distance_bias
+            ),
             context_k,
             context_sources,
         )
@@ -301,7 +321,8 @@ class KNNDecoder(nn.Module):
         for block, state in zip(self.blocks, last_states(states, len(self.blocks), self.registry_name), strict=True):
             grid = state_grid(state, self.grid, self.registry_name)
             if grid not in neighbourhoods:
-                neighbourhoods[grid] = self._neighbours(grid, xt, block.rel is not None or block.attn.located)
+                needs_offsets = block.rel is not None or block.attn.located or block.decay is not None
+                neighbourhoods[grid] = self._neighbours(grid, xt, needs_offsets)
             tokens, (index, valid, offset) = state.flat()[0], neighbourhoods[grid]
             if skip is not None:
                 # Context tokens follow the grid's: one softmax over K grid and context_k context neighbours.
