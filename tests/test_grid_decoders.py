@@ -81,6 +81,26 @@ def dense_reference(dec: KNNDecoder, states: list[Latent], zt: torch.Tensor, mas
     return zt
 
 
+def loop_attend(
+    block: torch.nn.Module, zq: torch.Tensor, tokens: torch.Tensor, offsets: list | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """One target's attention update ``[D]`` over ``tokens [K, D]``, written out head by head: the block's ``rel``
+    embedding of ``offsets`` added to the keys (and values when it is twice as wide), ``bias [H, K]`` to the logits."""
+    q = block.attn.to_q(block.norm_q(zq))
+    keys, values = block.attn.to_kv(block.norm_kv(tokens)).chunk(2, -1)
+    if block.rel is not None:
+        rel = block.rel(torch.tensor(offsets))
+        keys = keys + rel[:, : HEADS * HEAD_DIM]
+        if rel.shape[-1] > HEADS * HEAD_DIM:
+            values = values + rel[:, HEADS * HEAD_DIM :]
+    heads = []
+    for h in range(HEADS):
+        s = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
+        logits = keys[:, s] @ q[s] / math.sqrt(HEAD_DIM) + (0.0 if bias is None else bias[h])
+        heads.append(torch.softmax(logits, 0) @ values[:, s])
+    return block.attn.out(torch.cat(heads))
+
+
 def knn(grid: Grid | None, k: int = 9, layers: int = 1, **kwargs) -> KNNDecoder:
     return KNNDecoder(grid, dim=DIM, k=k, layers=layers, heads=HEADS, head_dim=HEAD_DIM, mlp_dim=DIM, **kwargs)
 
@@ -174,26 +194,14 @@ def test_knn_relative_position_matches_loop(mode: bool | str) -> None:
     out = dec([state], zt, xt)
     block, coords = dec.blocks[0], grid_coords(grid)
     mask = neighbour_mask(xt, grid, 9)
-    u = block.norm_kv(state.flat()[0])
     ref = torch.zeros(2, 6, DIM)
     for b in range(2):  # explicit loop: per target, its own neighbours, offsets and softmax
         for t in range(6):
             nbrs = mask[b, t].nonzero().flatten().tolist()
             if not nbrs:
                 continue
-            q = block.attn.to_q(block.norm_q(zt[b, t]))
-            keys, values = block.attn.to_kv(u[b, nbrs]).chunk(2, -1)
-            offs = torch.tensor([offset_in_spacings(xt[b, t].tolist(), coords[m], grid) for m in nbrs])
-            rel = block.rel(offs)
-            keys = keys + rel[:, : HEADS * HEAD_DIM]
-            if mode == "keys_values":
-                values = values + rel[:, HEADS * HEAD_DIM :]
-            heads = []
-            for h in range(HEADS):
-                s = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
-                w = torch.softmax(keys[:, s] @ q[s] / math.sqrt(HEAD_DIM), 0)
-                heads.append(w @ values[:, s])
-            ref[b, t] = block.attn.out(torch.cat(heads))
+            offs = [offset_in_spacings(xt[b, t].tolist(), coords[m], grid) for m in nbrs]
+            ref[b, t] = loop_attend(block, zt[b, t], state.flat()[0][b, nbrs], offs, None)
     ref = zt + ref
     ref = ref + block.mlp(block.norm2(ref))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -325,16 +333,7 @@ def test_knn_context_skip_matches_loop() -> None:
             tokens = torch.cat([state.tokens[b].reshape(-1, DIM)[g], stations.z[b, c]])
             offs = [offset_in_spacings(xt[b, t].tolist(), coords[m], grid) for m in g]
             offs += [((xt[b, t] - xc[b, i]) / step).tolist() for i in c]
-            q = block.attn.to_q(block.norm_q(zt[b, t]))
-            keys, values = block.attn.to_kv(block.norm_kv(tokens)).chunk(2, -1)
-            rel = block.rel(torch.tensor(offs))
-            keys, values = keys + rel[:, : HEADS * HEAD_DIM], values + rel[:, HEADS * HEAD_DIM :]
-            heads = []
-            for h in range(HEADS):
-                s = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
-                w = torch.softmax(keys[:, s] @ q[s] / math.sqrt(HEAD_DIM), 0)
-                heads.append(w @ values[:, s])
-            ref[b, t] = block.attn.out(torch.cat(heads))
+            ref[b, t] = loop_attend(block, zt[b, t], tokens, offs, None)
     ref = zt + ref
     ref = ref + block.mlp(block.norm2(ref))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -362,15 +361,9 @@ def test_knn_distance_bias_matches_loop() -> None:
             g = near[b, t].nonzero().flatten().tolist()
             if not g:
                 continue
-            q = block.attn.to_q(block.norm_q(zt[b, t]))
-            keys, values = block.attn.to_kv(block.norm_kv(state.tokens[b].reshape(-1, DIM)[g])).chunk(2, -1)
             sq = torch.tensor([sum(o * o for o in offset_in_spacings(xt[b, t].tolist(), coords[m], grid)) for m in g])
-            heads = []
-            for h in range(HEADS):
-                s = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
-                logits = keys[:, s] @ q[s] / math.sqrt(HEAD_DIM) - torch.nn.functional.softplus(block.decay[h]) * sq
-                heads.append(torch.softmax(logits, 0) @ values[:, s])
-            ref[b, t] = block.attn.out(torch.cat(heads))
+            bias = -torch.nn.functional.softplus(block.decay)[:, None] * sq  # [H, K]
+            ref[b, t] = loop_attend(block, zt[b, t], state.tokens[b].reshape(-1, DIM)[g], None, bias)
     ref = zt + ref
     ref = ref + block.mlp(block.norm2(ref))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
