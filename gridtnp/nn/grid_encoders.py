@@ -31,6 +31,7 @@ from gridtnp.nn.grids import (
     initial_lengthscale,
     se_weights,
 )
+from gridtnp.nn.setconv import grid_sum
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources
 from gridtnp.registry import build_from_spec, register
 
@@ -381,12 +382,14 @@ class KernelInterpolationEncoder(nn.Module):
                 bucket = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()
                 contrib = (w.unsqueeze(-1) * values.unsqueeze(-2)).flatten(0, 2)
                 h = values.new_zeros(b * m, values.shape[-1]).index_add(0, bucket, contrib).view(b, m, -1)
+            elif self.distance == "euclidean":  # separable: never forms the [B, chunk, M] weights for narrow values
+                h = grid_sum(t.x, self.grid, self.lengthscale, values, t.mask, self.chunk_size)
             else:
                 h = values.new_zeros(b, m, values.shape[-1])
                 for start in range(0, values.shape[1], self.chunk_size):  # loop over chunks of points, not points
                     stop = start + self.chunk_size
                     w = self.dense_weights(t.x[:, start:stop], t.mask[:, start:stop])  # [B, chunk, M]
-                    h = h + w.transpose(1, 2) @ values[:, start:stop]
+                    h = h + (values[:, start:stop].transpose(1, 2) @ w).transpose(1, 2)  # [C, n] @ [n, M]: fast
             if self.density:
                 h, d = h[..., :-1], h[..., -1:]
                 # log1p keeps the density channel O(1): a raw kernel sum grows with the number of points per cell
