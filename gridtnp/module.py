@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.distributions import Normal
 
 from gridtnp.batch import Batch
+from gridtnp.compiling import CompiledModel
 from gridtnp.metrics import COVERAGE_METRICS, PHYSICAL_METRICS, PREDICTIVE_METRICS, evaluation_metrics, point_weights
 from gridtnp.models.neural_process import build_model, count_parameters
 from gridtnp.nn.likelihoods import log_likelihood
@@ -58,6 +59,8 @@ class NeuralProcessModule(L.LightningModule):
             (``trainer.max_steps``): steadier short runs.
         cos_latitude_weighting: weight evaluation metrics by cos(latitude) (targets with latitude in degrees).
         latitude_dim: the column of the target ``x`` that holds the latitude (used with ``cos_latitude_weighting``).
+        compile: run the model through ``torch.compile`` (CPU needs a C compiler); where compiling fails, one
+            warning names the reason and the model runs eagerly (``gridtnp.compiling.CompiledModel``).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class NeuralProcessModule(L.LightningModule):
         lr_schedule: Literal["constant", "cosine"] = "constant",
         cos_latitude_weighting: bool = False,
         latitude_dim: int = 0,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -103,6 +107,8 @@ class NeuralProcessModule(L.LightningModule):
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"model {name} must be a finite number >= 0; got {value}.")
         self.model = build_model(spec)
+        # Not a submodule (CompiledModel is a plain object): the state dict keeps one copy of the parameters.
+        self.compiled = CompiledModel(self.model) if compile else None
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         if lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"lr_schedule must be 'constant' or 'cosine'; got {lr_schedule!r}.")
@@ -142,7 +148,8 @@ class NeuralProcessModule(L.LightningModule):
 
     def forward(self, batch: Batch) -> torch.distributions.Distribution:
         """Predictive distribution ``[B, Nt, Dy]`` at the batch's target locations."""
-        return self.model(batch.context, batch.target.x)
+        run = self.compiled if self.compiled is not None else self.model
+        return run(batch.context, batch.target.x)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         if isinstance(batch, Batch):

@@ -191,9 +191,12 @@ class PseudoTokenGridEncoder(nn.Module):
         extra = int(self.self_key)  # slot 0 of every cell holds u0_m itself with self_key
         width = size + extra
         if width > 0:
-            occupied = counts > 0 if not self.self_key else torch.ones_like(counts, dtype=torch.bool)
-            rows = torch.nonzero(occupied).squeeze(-1)  # the cells that attend: [R]
-            row_of = torch.cumsum(occupied, 0) - 1
+            if self.self_key:  # every cell attends: rows are all cells, in order (no nonzero, no host sync)
+                rows = row_of = torch.arange(b * m, device=counts.device)
+            else:
+                occupied = counts > 0
+                rows = torch.nonzero(occupied).squeeze(-1)  # the cells that attend: [R]
+                row_of = torch.cumsum(occupied, 0) - 1
             keep = (bucket < b * m) & (rank < size)
             # Which token fills each slot of the [R, S] buffer; padding slots read token 0, whose (finite) key is
             # masked out, so one gather builds the buffer with no fill or scatter of [R, S, D].
