@@ -122,7 +122,11 @@ def main() -> None:
     print("| layout | " + " | ".join(keys) + " |")
     print("| --- " * (len(keys) + 1) + "|")
     for name, row in rows.items():
-        print(f"| {name} | " + " | ".join(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]) for k in keys)
+            + " |"
+        )
     if args.json:
         record = {
             "config": str(args.config),

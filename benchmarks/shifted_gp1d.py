@@ -70,7 +70,7 @@ def train_and_test(recipe: Path, args: argparse.Namespace) -> list[dict[str, Any
         raise SystemExit(f"{recipe}: this benchmark needs a recipe on the gp1d task; it has {task!r}.")
     batch_size = data_args.get("batch_size", 16)
     data = SyntheticDataModule(task=task, batch_size=batch_size, train_batches=args.steps, val_batches=1, seed=seed)
-    module = NeuralProcessModule(**model_args(config, args.dim, args.layers))
+    module = NeuralProcessModule(**model_args(config, args.dim, args.layers), compile=args.compile)
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=args.steps,
@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None, help="override every model's processor layers")
     parser.add_argument("--shifts", type=float, nargs="+", default=[0.0, 0.5, 1.0], help="test-set shifts Delta")
     parser.add_argument("--bimodal", action="store_true", help="also test on x ~ U[-4, -1] or U[1, 4]")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the models (NeuralProcessModule compile)")
     parser.add_argument("--test-batches", type=int, default=32, help="batches per test set")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/shifted_gp1d_cpu.md"))

@@ -37,7 +37,9 @@ def instantiate(config: dict[str, Any]) -> Any:
     return getattr(importlib.import_module(module), name)(**config.get("init_args", {}))
 
 
-def train_one(recipe: Path, minutes: float, threads: int | None, test_batches: int | None) -> dict[str, Any]:
+def train_one(
+    recipe: Path, minutes: float, threads: int | None, test_batches: int | None, compile_model: bool = False
+) -> dict[str, Any]:
     """Train ``recipe`` for ``minutes`` and return its test metrics, steps and seconds."""
     config = yaml.safe_load(recipe.read_text())
     L.seed_everything(config.get("seed_everything", 0), verbose=False)
@@ -47,7 +49,7 @@ def train_one(recipe: Path, minutes: float, threads: int | None, test_batches: i
     if test_batches is not None:
         data_cfg = {**data_cfg, "init_args": {**data_cfg["init_args"], "test_batches": test_batches}}
     data = instantiate(data_cfg)
-    model = NeuralProcessModule(**config["model"]["init_args"])
+    model = NeuralProcessModule(**{**config["model"]["init_args"], "compile": compile_model})
     trainer = L.Trainer(
         accelerator="auto",
         max_time=dt.timedelta(minutes=minutes),
@@ -80,6 +82,7 @@ def main() -> None:
     parser.add_argument("recipes", nargs="+", type=Path)
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock training budget per recipe")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the models (NeuralProcessModule compile)")
     parser.add_argument("--test-batches", type=int, default=None, help="override the recipe's test set size")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/train_budget.md"))
     args = parser.parse_args()
@@ -87,7 +90,7 @@ def main() -> None:
 
     rows = []
     for recipe in args.recipes:
-        row = train_one(recipe, args.minutes, args.threads, args.test_batches)
+        row = train_one(recipe, args.minutes, args.threads, args.test_batches, args.compile)
         print(row, flush=True)
         rows.append(row)
 

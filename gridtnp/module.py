@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.distributions import Normal
 
 from gridtnp.batch import Batch
+from gridtnp.compiling import CompiledModel
 from gridtnp.metrics import (
     COVERAGE_METRICS,
     PHYSICAL_METRICS,
@@ -86,6 +87,8 @@ class NeuralProcessModule(L.LightningModule):
         latitude_dim: the column of the target ``x`` that holds the latitude (used with ``cos_latitude_weighting``).
         variance_calibration: fit a post-hoc scale of the predictive std per output on the validation set and
             apply it at test and predict time (see above); off by default.
+        compile: run the model through ``torch.compile`` (CPU needs a C compiler); where compiling fails, one
+            warning names the reason and the model runs eagerly (``gridtnp.compiling.CompiledModel``).
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class NeuralProcessModule(L.LightningModule):
         cos_latitude_weighting: bool = False,
         latitude_dim: int = 0,
         variance_calibration: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -132,6 +136,8 @@ class NeuralProcessModule(L.LightningModule):
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"model {name} must be a finite number >= 0; got {value}.")
         self.model = build_model(spec)
+        # Not a submodule (CompiledModel is a plain object): the state dict keeps one copy of the parameters.
+        self.compiled = CompiledModel(self.model) if compile else None
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         if lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"lr_schedule must be 'constant' or 'cosine'; got {lr_schedule!r}.")
@@ -184,7 +190,8 @@ class NeuralProcessModule(L.LightningModule):
 
     def forward(self, batch: Batch) -> torch.distributions.Distribution:
         """Predictive distribution ``[B, Nt, Dy]`` at the batch's target locations."""
-        return self.model(batch.context, batch.target.x)
+        run = self.compiled if self.compiled is not None else self.model
+        return run(batch.context, batch.target.x)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         if isinstance(batch, Batch):

@@ -71,6 +71,10 @@ def attention_mask(mask: Tensor | None, num_queries: int) -> tuple[Tensor | None
     """
     if mask is None:
         return None, None
+    if mask.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all()):
+        # Nothing to mask (no padding): SDPA's unmasked kernel and no output scaling. On the CPU the check costs
+        # no device sync; on a GPU it would, so there the mask is kept.
+        return None, None
     if mask.dim() == 2:
         mask = mask[:, None, :]  # [B, 1, Nk]
     has_key = mask.any(-1, keepdim=True)  # [B, Nq|1, 1]

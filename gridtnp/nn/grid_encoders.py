@@ -31,6 +31,7 @@ from gridtnp.nn.grids import (
     initial_lengthscale,
     se_weights,
 )
+from gridtnp.nn.setconv import grid_sum
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources
 from gridtnp.registry import build_from_spec, register
 
@@ -124,10 +125,8 @@ class PseudoTokenGridEncoder(nn.Module):
         mlp_dim: hidden width of the block's MLP.
         coarsen: block size in points, an int or one per dimension: encode onto the block centres; null: no coarsening.
         self_key: each cell's initial pseudo-token is also one of its keys (the reference code); false: context only.
-        relative_position: add a learned embedding of each context token's offset from the cell's grid point (in grid
-            spacings, wrapped along rolled dimensions) to its key and value, so a pseudo-token can tell where in its
-            cell each observation lies, whatever the absolute embedding resolves (an MLP ``d -> mlp_dim -> 2 heads
-            head_dim``).
+        relative_position: add an MLP embedding of each context token's offset from the cell's grid point (in grid
+            spacings, wrapped) to its key and value: where in its cell each observation lies.
     """
 
     def __init__(
@@ -196,9 +195,12 @@ class PseudoTokenGridEncoder(nn.Module):
         extra = int(self.self_key)  # slot 0 of every cell holds u0_m itself with self_key
         width = size + extra
         if width > 0:
-            occupied = counts > 0 if not self.self_key else torch.ones_like(counts, dtype=torch.bool)
-            rows = torch.nonzero(occupied).squeeze(-1)  # the cells that attend: [R]
-            row_of = torch.cumsum(occupied, 0) - 1
+            if self.self_key:  # every cell attends: rows are all cells, in order (no nonzero, no host sync)
+                rows = row_of = torch.arange(b * m, device=counts.device)
+            else:
+                occupied = counts > 0
+                rows = torch.nonzero(occupied).squeeze(-1)  # the cells that attend: [R]
+                row_of = torch.cumsum(occupied, 0) - 1
             keep = (bucket < b * m) & (rank < size)
             # Which token fills each slot of the [R, S] buffer; padding slots read token 0, whose (finite) key is
             # masked out, so one gather builds the buffer with no fill or scatter of [R, S, D].
@@ -396,12 +398,14 @@ class KernelInterpolationEncoder(nn.Module):
                 bucket = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()
                 contrib = (w.unsqueeze(-1) * values.unsqueeze(-2)).flatten(0, 2)
                 h = values.new_zeros(b * m, values.shape[-1]).index_add(0, bucket, contrib).view(b, m, -1)
+            elif self.distance == "euclidean":  # separable: never forms the [B, chunk, M] weights for narrow values
+                h = grid_sum(t.x, self.grid, self.lengthscale, values, t.mask, self.chunk_size)
             else:
                 h = values.new_zeros(b, m, values.shape[-1])
                 for start in range(0, values.shape[1], self.chunk_size):  # loop over chunks of points, not points
                     stop = start + self.chunk_size
                     w = self.dense_weights(t.x[:, start:stop], t.mask[:, start:stop])  # [B, chunk, M]
-                    h = h + w.transpose(1, 2) @ values[:, start:stop]
+                    h = h + (values[:, start:stop].transpose(1, 2) @ w).transpose(1, 2)  # [C, n] @ [n, M]: fast
             if self.density:
                 h, d = h[..., :-1], h[..., -1:]
                 # log1p keeps the density channel O(1): a raw kernel sum grows with the number of points per cell

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, mlp, te_attention
-from gridtnp.nn.grids import Grid, initial_lengthscale, se_weights
+from gridtnp.nn.grids import Grid, initial_lengthscale
 from gridtnp.nn.neighbours import knn_points
+from gridtnp.nn.setconv import grid_interpolate
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources, last_states
 from gridtnp.registry import register
 
@@ -116,18 +117,15 @@ class KernelInterpolationDecoder(nn.Module):
         u, _ = states[-1].flat()  # [B, M, D]
         u = u.float()
         lengthscale = self.lengthscale
-        interpolate = self._dense if self.nearest is None else self._local
-        chunks = [
-            interpolate(xt[:, start : start + self.chunk_size], u, grid, lengthscale)
-            for start in range(0, xt.shape[1], self.chunk_size)  # loop over chunks of targets, not targets
-        ]
-        out = torch.cat(chunks, dim=1) if chunks else u.new_zeros(u.shape[0], 0, u.shape[-1])
+        if self.nearest is None:
+            out = grid_interpolate(xt, grid, lengthscale, u, self.chunk_size)  # every grid point
+        else:
+            chunks = [
+                self._local(xt[:, start : start + self.chunk_size], u, grid, lengthscale)
+                for start in range(0, xt.shape[1], self.chunk_size)  # loop over chunks of targets, not targets
+            ]
+            out = torch.cat(chunks, dim=1) if chunks else u.new_zeros(u.shape[0], 0, u.shape[-1])
         return self.proj(out.to(self.proj.weight.dtype))
-
-    @staticmethod
-    def _dense(xt: Tensor, u: Tensor, grid: Grid, lengthscale: Tensor) -> Tensor:
-        """``xt [B, n, d]``, ``u [B, M, D]`` -> ``[B, n, D]`` summing over every grid point."""
-        return se_weights(xt, grid, lengthscale) @ u
 
     def _local(self, xt: Tensor, u: Tensor, grid: Grid, lengthscale: Tensor) -> Tensor:
         """``xt [B, n, d]``, ``u [B, M, D]`` -> ``[B, n, D]`` summing over the ``nearest^d`` neighbours only."""
