@@ -159,7 +159,7 @@ class GKADecoder(nn.Module):
         attn_mask, has_key = attention_mask(mask, xq.shape[1])
         with torch.autocast(q.device.type, enabled=False):  # logits from coordinates: float32 even under bf16
             out = F.scaled_dot_product_attention(q, k, z.float().unsqueeze(1), attn_mask=attn_mask, scale=1.0)[:, 0]
-        return (out * has_key.to(out.dtype)).to(z.dtype)
+        return (out if has_key is None else out * has_key.to(out.dtype)).to(z.dtype)  # None: no mask needed
 
 
 def masked_centre(x: Tensor, mask: Tensor) -> Tensor:
