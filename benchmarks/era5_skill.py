@@ -31,6 +31,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import git_commit
 
+from gridtnp.metrics import central_interval_halfwidth, standard_normal_log_density
 from gridtnp.module import NeuralProcessModule
 
 
@@ -64,9 +65,9 @@ def scores(p: dict[str, np.ndarray], std_scale: float = 1.0) -> dict[str, float]
     """Skill at held-out, context and all stations (kelvin; z and coverage with the std times ``std_scale``)."""
     std = p["std"] * std_scale
     err, z = p["mean"] - p["y"], (p["mean"] - p["y"]) / std
-    logp = -0.5 * z**2 - np.log(std) - 0.5 * math.log(2 * math.pi)
+    logp = standard_normal_log_density(torch.from_numpy(z)).numpy() - np.log(std)  # y in kelvin
     held, ctx, every = p["mask"] & ~p["is_context"], p["mask"] & p["is_context"], p["mask"]
-    half = 1.6448536269514722  # central 90 %
+    half = central_interval_halfwidth(0.9)
     out = {
         "rmse_heldout": float(np.sqrt(np.mean(err[held] ** 2))),
         "rmse_context": float(np.sqrt(np.mean(err[ctx] ** 2))) if ctx.any() else float("nan"),
