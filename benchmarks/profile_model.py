@@ -1,8 +1,8 @@
 """Where a model's time goes: stage times and a ``torch.profiler`` table of the top operators by self time.
 
-    python benchmarks/profile.py gp2d_swin_pt --fwdbwd                    # a recipe (recipes/NAME.yaml or a path)
-    python benchmarks/profile.py cnp --fwd --nc 1000 --nt 100             # a preset (gridtnp list model)
-    python benchmarks/profile.py gp2d_convcnp --fwdbwd --compile --threads 2
+    python benchmarks/profile_model.py gp2d_swin_pt --fwdbwd                    # a recipe (recipes/NAME.yaml or a path)
+    python benchmarks/profile_model.py cnp --fwd --nc 1000 --nt 100             # a preset (gridtnp list model)
+    python benchmarks/profile_model.py gp2d_convcnp --fwdbwd --compile --threads 2
 
 Workload (the speed issue's, by default): float32, batch ``--batch`` (2), ``--nc`` context points (10,000) per
 source and ``--nt`` targets (1,000), ``x`` uniform in the model grid's bounds (``[-2, 2]^Dx`` without a grid),
