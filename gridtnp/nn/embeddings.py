@@ -2,8 +2,9 @@
 
 Interface: ``embedding(x [B, N, Dx]) -> [B, N, out_dim]``; every embedding has an ``out_dim`` attribute.
 ``identity`` (raw coordinates), ``fourier`` (sines and cosines at log-spaced wavelengths per dimension),
-``spherical_harmonics`` (latitude/longitude in degrees), ``temporal`` (a time column), ``composite`` (embeddings of
-chosen columns, concatenated).
+``spherical_harmonics`` (latitude/longitude in degrees), ``temporal`` (a time column), ``learned_grid`` (learned
+features on a lattice, interpolated: what is particular to each place), ``composite`` (embeddings of chosen columns,
+concatenated).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gridtnp.nn.grids import as_grid
 from gridtnp.registry import build_from_spec, register
 
 
@@ -234,6 +236,56 @@ class TemporalEmbedding(nn.Module):
         phase = (2 * math.pi) * (torch.remainder(t, lam) / lam)  # in [0, 2 pi), exact to float64 rounding
         dtype = x.dtype if x.dtype.is_floating_point else torch.float32
         return torch.cat([x.index_select(-1, self.rest).to(dtype), phase.sin().to(dtype), phase.cos().to(dtype)], -1)
+
+
+@register("embedding", "learned_grid")
+class LearnedGridEmbedding(nn.Module):
+    """Learned features on a regular lattice, multilinearly interpolated at x: ``[B, N, Dx] -> [B, N, channels]``.
+
+    A table of ``channels`` parameters per lattice point (``grid``: lower, upper, shape, optionally roll), read at
+    each input by multilinear interpolation between the ``2^Dx`` surrounding points; inputs on a lattice point read
+    its row exactly. It lets a model learn what is particular to each place at the lattice's resolution (sub-grid
+    orography, coasts: what statistical downscaling fits per station), which smooth embeddings such as
+    ``spherical_harmonics`` at L = 10 (wavelengths of thousands of km) cannot resolve. Combine the two with a
+    ``composite`` embedding. Outside the lattice the nearest edge value holds (rolled dims wrap). Rows start as
+    N(0, ``init_std``^2) codes, so every place is told apart from the first step.
+
+    Args:
+        dim_x: input dimension Dx; must equal the lattice's number of dimensions.
+        grid: the lattice ``{lower: [...], upper: [...], shape: [...], roll: [...]}``, in input units.
+        channels: features per lattice point (``out_dim``).
+        init_std: standard deviation of the initial features; 0 starts from zeros.
+    """
+
+    def __init__(self, dim_x: int, grid: dict[str, Any], channels: int = 16, init_std: float = 1.0) -> None:
+        super().__init__()
+        self.grid = as_grid(grid)
+        if self.grid is None or self.grid.ndim != dim_x:
+            raise ValueError(
+                f"learned_grid: grid must be a lattice with one dimension per input dim ({dim_x}); got {grid!r}. "
+                "Inside a composite embedding, dim_x is the number of the part's dims."
+            )
+        if channels < 1 or init_std < 0:
+            raise ValueError(f"learned_grid needs channels >= 1 and init_std >= 0; got {channels}, {init_std}.")
+        self.table = nn.Parameter(torch.randn(self.grid.num_points, channels) * init_std)
+        corners = torch.cartesian_prod(*[torch.tensor([0, 1])] * dim_x).reshape(-1, dim_x)  # [2^Dx, Dx]
+        self.register_buffer("corners", corners, persistent=False)
+        self.out_dim = channels
+
+    def forward(self, x: Tensor) -> Tensor:
+        g = self.grid
+        size = torch.tensor(g.shape, device=x.device)
+        roll = torch.tensor(g.roll, device=x.device)
+        dtype = torch.promote_types(x.dtype, torch.float32)  # never locate in bf16: 55.3 degrees is 55.25 there
+        u = (x.to(dtype) - x.new_tensor(g.lower, dtype=dtype)) / x.new_tensor(g.spacing, dtype=dtype)
+        # Lower corner: clamped so that (i0, i0 + 1) are both on an ordinary dimension; rolled dims wrap instead.
+        i0 = torch.where(roll, u.floor(), u.floor().clamp(min=0).minimum(size - 2)).long()
+        frac = torch.where(roll, u - u.floor(), (u - i0).clamp(0, 1))  # [B, N, Dx]
+        index = i0.unsqueeze(-2) + self.corners  # [B, N, 2^Dx, Dx]
+        index = torch.where(roll, torch.remainder(index, size), index)
+        weight = torch.where(self.corners.bool(), frac.unsqueeze(-2), 1 - frac.unsqueeze(-2)).prod(-1)
+        rows = self.table[g.flat_index(index)]  # [B, N, 2^Dx, channels]
+        return (weight.unsqueeze(-1).to(rows.dtype) * rows).sum(-2).to(x.dtype)
 
 
 @register("embedding", "composite")
