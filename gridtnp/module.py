@@ -77,6 +77,8 @@ class NeuralProcessModule(L.LightningModule):
         target_source: the source whose encoder embeds target locations (needed with several sources).
         target_dim_y: Dy of the targets when it differs from the target source's.
         grid: the model's grid ``{lower: [...], upper: [...], shape: [...], roll: [...]}`` for gridded models.
+        residual: ``{sources: [...], k: 4, lengthscale: 1.0}``: predict the departure from a kernel-weighted mean of
+            the nearest context values of those sources (``gridtnp.nn.anchors``); null (default) predicts y itself.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.
@@ -105,6 +107,7 @@ class NeuralProcessModule(L.LightningModule):
         target_source: str | None = None,
         target_dim_y: int | None = None,
         grid: dict[str, Any] | None = None,
+        residual: dict[str, Any] | None = None,
         lr: float = 5e-4,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
@@ -129,6 +132,7 @@ class NeuralProcessModule(L.LightningModule):
             "target_source": target_source,
             "target_dim_y": target_dim_y,
             "grid": grid,
+            "residual": residual,
         }
         if not (math.isfinite(lr) and lr > 0):
             raise ConfigError(f"model lr must be a finite number > 0; got {lr}.")

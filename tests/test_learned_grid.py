@@ -9,19 +9,19 @@ BOX = {"lower": [50.0, -10.0], "upper": [58.0, 2.0], "shape": [33, 49]}
 
 
 def lattice(**kwargs):
-    return build("embedding", "learned_grid", **{"dim_x": 2, "grid": BOX, "channels": 3, **kwargs})
+    return build("embedding", "learned_grid", **{"dim_x": 2, "grid": BOX, "channels": 3, "lr_scale": 4.0, **kwargs})
 
 
 def test_lattice_points_read_their_own_row():
     e = lattice()
     i, j = torch.meshgrid(torch.arange(33), torch.arange(49), indexing="ij")
     x = torch.stack([50.0 + 0.25 * i, -10.0 + 0.25 * j], -1).reshape(1, -1, 2)
-    torch.testing.assert_close(e(x)[0], e.table, rtol=0, atol=1e-6)
+    torch.testing.assert_close(e(x)[0], e.table * e.lr_scale, rtol=0, atol=1e-6)
 
 
 def test_between_points_is_bilinear():
     e = lattice().double()
-    table = e.table.detach().view(33, 49, 3)
+    table = (e.table * e.lr_scale).detach().view(33, 49, 3)
     x = torch.rand(2, 200, 2, dtype=torch.float64) * torch.tensor([8.0, 12.0]) + torch.tensor([50.0, -10.0])
     u = (x - torch.tensor([50.0, -10.0])) / 0.25
     i0, j0 = u[..., 0].floor().long().clamp(max=31), u[..., 1].floor().long().clamp(max=47)
@@ -37,7 +37,7 @@ def test_between_points_is_bilinear():
 
 def test_outside_the_box_holds_the_edge_value():
     e = lattice()
-    table = e.table.detach().view(33, 49, 3)
+    table = (e.table * e.lr_scale).detach().view(33, 49, 3)
     x = torch.tensor([[[40.0, -20.0], [70.0, 30.0], [54.0, -30.0]]])
     out = e(x)[0]
     torch.testing.assert_close(out[0], table[0, 0])
@@ -86,8 +86,22 @@ def test_in_a_composite_encoder():
     assert encoder(torch.tensor([[[52.0, -3.0]]]), torch.ones(1, 1, 1)).shape == (1, 1, 8)
 
 
+def test_lr_scale_keeps_the_initial_features_and_scales_the_step():
+    large = lattice(lr_scale=10.0)
+    assert abs((large.table * 10.0).std().item() - 1.0) < 0.05
+    x = torch.tensor([[[52.0, -3.0]]])  # on a lattice point: one row, weight 1
+    before = large(x).detach()
+    optimiser = torch.optim.Adam(large.parameters(), lr=1e-3)
+    large(x).sum().backward()
+    optimiser.step()
+    # One Adam step moves each touched parameter by lr; the features move lr_scale times as far.
+    torch.testing.assert_close(before - large(x).detach(), torch.full((1, 1, 3), 1e-2), rtol=1e-3, atol=1e-6)
+
+
 def test_errors_are_actionable():
     with pytest.raises(ValueError, match="one dimension per input dim"):
         build("embedding", "learned_grid", dim_x=3, grid=BOX)
     with pytest.raises(ValueError, match="channels >= 1"):
         lattice(channels=0)
+    with pytest.raises(ValueError, match="lr_scale > 0"):
+        lattice(lr_scale=0.0)

@@ -25,13 +25,14 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from gridtnp.batch import DEFAULT_SOURCE, Observations
+from gridtnp.nn.anchors import ContextInterpolation, shift_mean
 from gridtnp.nn.grids import Grid, as_grid
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import ConfigError, accepted_arguments, get, spec_arguments, with_defaults
 from gridtnp.registry import build as build_component
 
 SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
-MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid")
+MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid", "residual")
 
 
 class NeuralProcess(nn.Module):
@@ -47,6 +48,7 @@ class NeuralProcess(nn.Module):
         dim_x: int,
         target_source: str,
         grid: Grid | None = None,
+        residual: ContextInterpolation | None = None,
     ) -> None:
         super().__init__()
         self.encoders = encoders
@@ -57,11 +59,12 @@ class NeuralProcess(nn.Module):
         self.dim_x = dim_x
         self.target_source = target_source
         self.grid = grid
+        self.residual = residual
 
     def forward(self, context: dict[str, Observations], xt: Tensor) -> Distribution:
         """Predictive distribution at ``xt [B, Nt, Dx]`` given ``context`` (padded, masked sets)."""
         self._check_inputs(context, xt)
-        tokens = {}
+        tokens, observed = {}, {}
         for name, obs in context.items():
             # Points with a NaN or inf in x or y are missing observations: masked out, and zeroed so that
             # no NaN reaches a matmul (0 * NaN would still be NaN).
@@ -69,6 +72,7 @@ class NeuralProcess(nn.Module):
             x = torch.where(valid.unsqueeze(-1), single(obs.x), 0.0)
             y = torch.where(valid.unsqueeze(-1), single(obs.y), 0.0)
             tokens[name] = Tokens(x, self.encoders[name](x, y), valid)
+            observed[name] = (x, y, valid)
         # Padded target slots may hold anything; real targets with a non-finite location are refused where batches
         # are made (gridtnp.batch.Batch), without a device sync here.
         xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
@@ -76,8 +80,10 @@ class NeuralProcess(nn.Module):
         states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
         if getattr(self.grid_decoder, "takes_context", False):  # a decoder with a skip connection from the context
-            return self.likelihood(self.grid_decoder(states, zt, xt, context=tokens))
-        return self.likelihood(self.grid_decoder(states, zt, xt))
+            dist = self.likelihood(self.grid_decoder(states, zt, xt, context=tokens))
+        else:
+            dist = self.likelihood(self.grid_decoder(states, zt, xt))
+        return dist if self.residual is None else shift_mean(dist, self.residual(observed, xt))
 
     def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:
         """Warn when targets or context lie beyond a gridded model's grid by more than half a cell: the model clamps
@@ -244,7 +250,26 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         "grid_decoder", spec["grid_decoder"], layers=layers, in_dim=in_dim, sources=list(sources), **shared
     )
     likelihood, expanded["likelihood"] = build("likelihood", spec["likelihood"], dim=dim, dim_y=target_dim_y)
-    model = NeuralProcess(encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid)
+    residual = None
+    if spec.get("residual") is not None:
+        residual_spec = spec["residual"]
+        if not isinstance(residual_spec, dict) or "sources" not in residual_spec:
+            raise ConfigError(f"residual must be a mapping such as {{sources: [grid], k: 4}}; got {residual_spec!r}.")
+        unknown = set(residual_spec) - {"sources", "k", "lengthscale"}
+        if unknown:
+            raise ConfigError(f"residual has unknown key(s) {sorted(unknown)}; allowed: sources, k, lengthscale.")
+        try:
+            residual = ContextInterpolation(dim_y=target_dim_y, source_dims=sources, **residual_spec)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        expanded["residual"] = {
+            "sources": residual.sources,
+            "k": residual.k,
+            "lengthscale": float(residual_spec.get("lengthscale", 1.0)),
+        }
+    model = NeuralProcess(
+        encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual
+    )
     return model, expanded
 
 

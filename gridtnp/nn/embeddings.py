@@ -255,9 +255,14 @@ class LearnedGridEmbedding(nn.Module):
         grid: the lattice ``{lower: [...], upper: [...], shape: [...], roll: [...]}``, in input units.
         channels: features per lattice point (``out_dim``).
         init_std: standard deviation of the initial features; 0 starts from zeros.
+        lr_scale: multiplies the table's effective learning rate under Adam-type optimisers (the table is stored
+            divided by it and multiplied back in ``forward``): each row sees only the points near it, so it learns
+            far more slowly than the shared weights at the same step size.
     """
 
-    def __init__(self, dim_x: int, grid: dict[str, Any], channels: int = 16, init_std: float = 1.0) -> None:
+    def __init__(
+        self, dim_x: int, grid: dict[str, Any], channels: int = 16, init_std: float = 1.0, lr_scale: float = 1.0
+    ) -> None:
         super().__init__()
         self.grid = as_grid(grid)
         if self.grid is None or self.grid.ndim != dim_x:
@@ -265,9 +270,13 @@ class LearnedGridEmbedding(nn.Module):
                 f"learned_grid: grid must be a lattice with one dimension per input dim ({dim_x}); got {grid!r}. "
                 "Inside a composite embedding, dim_x is the number of the part's dims."
             )
-        if channels < 1 or init_std < 0:
-            raise ValueError(f"learned_grid needs channels >= 1 and init_std >= 0; got {channels}, {init_std}.")
-        self.table = nn.Parameter(torch.randn(self.grid.num_points, channels) * init_std)
+        if channels < 1 or init_std < 0 or lr_scale <= 0:
+            raise ValueError(
+                f"learned_grid needs channels >= 1, init_std >= 0 and lr_scale > 0; got {channels}, {init_std}, "
+                f"{lr_scale}."
+            )
+        self.lr_scale = float(lr_scale)
+        self.table = nn.Parameter(torch.randn(self.grid.num_points, channels) * (init_std / self.lr_scale))
         corners = torch.cartesian_prod(*[torch.tensor([0, 1])] * dim_x).reshape(-1, dim_x)  # [2^Dx, Dx]
         self.register_buffer("corners", corners, persistent=False)
         self.out_dim = channels
@@ -284,7 +293,7 @@ class LearnedGridEmbedding(nn.Module):
         index = i0.unsqueeze(-2) + self.corners  # [B, N, 2^Dx, Dx]
         index = torch.where(roll, torch.remainder(index, size), index)
         weight = torch.where(self.corners.bool(), frac.unsqueeze(-2), 1 - frac.unsqueeze(-2)).prod(-1)
-        rows = self.table[g.flat_index(index)]  # [B, N, 2^Dx, channels]
+        rows = self.table[g.flat_index(index)] * self.lr_scale  # [B, N, 2^Dx, channels]
         return (weight.unsqueeze(-1).to(rows.dtype) * rows).sum(-2).to(x.dtype)
 
 

@@ -1,0 +1,84 @@
+"""Residual prediction: the predictive mean as an interpolation of the context values plus what the network adds.
+
+``residual: {sources: [grid], k: 4}`` in a model's spec makes the network predict the departure of the target from
+a kernel-weighted mean of the ``k`` nearest context values of the named sources (``ContextInterpolation``), as
+statistical downscaling predicts a station's departure from the coarse field, and super-resolution networks the
+residual over an interpolated image. The interpolation is exact where a target coincides with a context point of a
+listed source (for a lengthscale well below the point spacing), so observed values come back unless the network
+learns otherwise, and the network's output only has to carry the sub-grid part. Listed sources must hold the
+target's variable(s) in the same normalised units, in their first ``Dy`` value columns (the gridded and station
+sources of ``StationReanalysisDataModule`` do, extra time-feature columns come after).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Distribution, Normal
+
+from gridtnp.nn.neighbours import knn_points
+
+
+class ContextInterpolation(nn.Module):
+    """Gaussian-weighted mean of each target's ``k`` nearest context values: ``xt [B, Nt, Dx] -> [B, Nt, Dy]``.
+
+    Weights ``softmax_j(-|xt - xc_j|^2 / (2 l^2))`` over the ``k`` nearest valid points of the listed sources
+    (Euclidean distance in input units), with one learned lengthscale ``l``. A target with no valid context point
+    gets 0 (the normalised mean).
+
+    Args:
+        sources: context sources to interpolate (their values' first ``dim_y`` columns).
+        dim_y: the targets' output dimension Dy.
+        source_dims: ``{source: Dy}`` of the model's context sources (checked against ``sources``).
+        k: nearest context points per target.
+        lengthscale: initial ``l``, in input units; learned (log-parametrised).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[str],
+        dim_y: int,
+        source_dims: dict[str, int],
+        k: int = 4,
+        lengthscale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        sources = [sources] if isinstance(sources, str) else list(sources)
+        unknown = [s for s in sources if s not in source_dims]
+        if not sources or unknown:
+            raise ValueError(
+                f"residual: sources must be a non-empty list of the model's context sources {sorted(source_dims)}; "
+                f"got {sources!r}."
+            )
+        narrow = {s: source_dims[s] for s in sources if source_dims[s] < dim_y}
+        if narrow:
+            raise ValueError(f"residual: sources {narrow} have fewer value columns than the targets' Dy = {dim_y}.")
+        if k < 1 or not (math.isfinite(lengthscale) and lengthscale > 0):
+            raise ValueError(f"residual needs k >= 1 and a finite lengthscale > 0; got k = {k}, {lengthscale}.")
+        self.sources, self.dim_y, self.k = sources, dim_y, k
+        self.log_lengthscale = nn.Parameter(torch.tensor(math.log(lengthscale)))
+
+    def forward(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> Tensor:
+        """``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}`` (invalid rows zeroed)."""
+        xc = torch.cat([context[s][0] for s in self.sources], 1)
+        yc = torch.cat([context[s][1][..., : self.dim_y] for s in self.sources], 1)
+        valid = torch.cat([context[s][2] for s in self.sources], 1)
+        index, ok = knn_points(xc, valid, xt, min(self.k, xc.shape[1]))  # [B, Nt, k]
+        b, nt, k = index.shape
+        flat = index.reshape(b, nt * k, 1)
+        xn = xc.gather(1, flat.expand(-1, -1, xc.shape[-1])).view(b, nt, k, -1)
+        yn = yc.gather(1, flat.expand(-1, -1, yc.shape[-1])).view(b, nt, k, -1)
+        d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)  # [B, Nt, k]
+        logits = (-0.5 * d2 * torch.exp(-2 * self.log_lengthscale)).masked_fill(~ok, float("-inf"))
+        weights = torch.softmax(logits, -1).nan_to_num(0.0)  # a target with no valid neighbour: all zeros
+        return (weights.unsqueeze(-1) * yn).sum(-2)
+
+
+def shift_mean(dist: Distribution, offset: Tensor) -> Normal:
+    """``dist`` (a Normal) with ``offset [B, Nt, Dy]`` added to its mean."""
+    if not isinstance(dist, Normal):
+        raise TypeError(f"residual needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
+    return Normal(dist.loc + offset.to(dist.loc.dtype), dist.scale)

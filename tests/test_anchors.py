@@ -1,0 +1,100 @@
+"""Residual prediction over a context interpolation: the interpolation against brute force, exactness, masking, and
+the model's mean shifted by it (std unchanged), with actionable errors."""
+
+import pytest
+import torch
+
+from gridtnp.batch import Observations
+from gridtnp.models import build_model
+from gridtnp.models.neural_process import expand_spec
+from gridtnp.nn.anchors import ContextInterpolation
+from gridtnp.registry import ConfigError
+
+
+def brute_force(xc, yc, valid, xt, k, lengthscale):
+    """Every distance, the k nearest valid points by sorting, Gaussian weights: one target at a time."""
+    out = torch.zeros(*xt.shape[:2], yc.shape[-1], dtype=xt.dtype)
+    for b in range(xt.shape[0]):
+        points = valid[b].nonzero().flatten()
+        for t in range(xt.shape[1]):
+            if len(points) == 0:
+                continue
+            d2 = (xt[b, t] - xc[b, points]).square().sum(-1)
+            order = d2.argsort()[:k]
+            w = torch.softmax(-0.5 * d2[order] / lengthscale**2, 0)
+            out[b, t] = (w.unsqueeze(-1) * yc[b, points[order]]).sum(0)
+    return out
+
+
+def test_matches_brute_force_over_two_sources_with_padding():
+    torch.manual_seed(0)
+    xa, xb = torch.rand(3, 20, 2, dtype=torch.float64) * 4, torch.rand(3, 7, 2, dtype=torch.float64) * 4
+    ya, yb = torch.randn(3, 20, 3, dtype=torch.float64), torch.randn(3, 7, 1, dtype=torch.float64)
+    va, vb = torch.rand(3, 20) > 0.3, torch.rand(3, 7) > 0.5
+    va[2], vb[2] = False, False  # a task with no context at all
+    va[1, 3:] = False  # a task with fewer valid points than k
+    xt = torch.rand(3, 11, 2, dtype=torch.float64) * 4
+    interp = ContextInterpolation(["a", "b"], dim_y=1, source_dims={"a": 3, "b": 1}, k=5, lengthscale=0.7).double()
+    got = interp({"a": (xa, ya, va), "b": (xb, yb, vb)}, xt)
+    xc, yc, valid = torch.cat([xa, xb], 1), torch.cat([ya[..., :1], yb], 1), torch.cat([va, vb], 1)
+    torch.testing.assert_close(got, brute_force(xc, yc, valid, xt, 5, 0.7))
+    assert (got[2] == 0).all()
+
+
+def test_targets_on_context_points_get_their_values():
+    x = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
+    y = torch.tensor([[[2.0], [-1.0], [5.0]]])
+    interp = ContextInterpolation(["s"], dim_y=1, source_dims={"s": 1}, k=3, lengthscale=0.05)
+    torch.testing.assert_close(interp({"s": (x, y, torch.ones(1, 3, dtype=torch.bool))}, x), y)
+
+
+def residual_model(residual):
+    spec = {
+        "dim_x": 2,
+        "dim_y": {"grid": 2, "stations": 1},
+        "target_source": "stations",
+        "dim": 16,
+        "encoder": {"name": "mlp"},
+        "grid_encoder": {"name": "identity"},
+        "processor": {"name": "transformer", "layers": 1},
+        "grid_decoder": {"name": "cross_attention", "layers": 1},
+        "likelihood": {"name": "gaussian"},
+        "residual": residual,
+    }
+    return spec, build_model(spec)
+
+
+def test_model_mean_is_the_interpolation_plus_the_network():
+    torch.manual_seed(1)
+    _, model = residual_model({"sources": ["grid"], "k": 3, "lengthscale": 0.5})
+    grid = Observations(torch.rand(2, 12, 2), torch.randn(2, 12, 2), torch.rand(2, 12) > 0.2)
+    stations = Observations(torch.rand(2, 5, 2), torch.randn(2, 5, 1))
+    xt = torch.rand(2, 6, 2)
+    with_residual = model({"grid": grid, "stations": stations}, xt)
+    interpolation = model.residual(
+        {"grid": (grid.x * grid.mask[..., None], grid.y * grid.mask[..., None], grid.mask)}, xt
+    )
+    residual, model.residual = model.residual, None
+    plain = model({"grid": grid, "stations": stations}, xt)
+    torch.testing.assert_close(with_residual.mean, plain.mean + interpolation)
+    torch.testing.assert_close(with_residual.stddev, plain.stddev)
+    loss = -with_residual.log_prob(torch.zeros(2, 6, 1)).sum()
+    model.residual = residual
+    assert residual.log_lengthscale.grad is None
+    (-model({"grid": grid, "stations": stations}, xt).log_prob(torch.zeros(2, 6, 1)).sum()).backward()
+    assert residual.log_lengthscale.grad is not None and torch.isfinite(loss)
+
+
+def test_spec_round_trip_and_errors():
+    spec, model = residual_model({"sources": ["grid"]})
+    expanded = expand_spec(spec)
+    assert expanded["residual"] == {"sources": ["grid"], "k": 4, "lengthscale": 1.0}
+    assert sum(p.numel() for p in build_model(expanded).parameters()) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ConfigError, match="model's context sources"):
+        residual_model({"sources": ["radar"]})
+    with pytest.raises(ConfigError, match="unknown key"):
+        residual_model({"sources": ["grid"], "kernel": "se"})
+    with pytest.raises(ConfigError, match="a mapping such as"):
+        residual_model(["grid"])
+    with pytest.raises(ConfigError, match="k >= 1"):
+        residual_model({"sources": ["grid"], "k": 0})
