@@ -11,8 +11,8 @@ from gridtnp.nn.anchors import ContextInterpolation
 from gridtnp.registry import ConfigError
 
 
-def brute_force(xc, yc, valid, xt, k, lengthscale):
-    """Every distance, the k nearest valid points by sorting, Gaussian weights: one target at a time."""
+def brute_force(xc, yc, valid, xt, k, lengthscale, weight):
+    """Every distance, the k nearest valid points by sorting, weighted Gaussians (per point): one target at a time."""
     out = torch.zeros(*xt.shape[:2], yc.shape[-1], dtype=xt.dtype)
     for b in range(xt.shape[0]):
         points = valid[b].nonzero().flatten()
@@ -21,7 +21,8 @@ def brute_force(xc, yc, valid, xt, k, lengthscale):
                 continue
             d2 = (xt[b, t] - xc[b, points]).square().sum(-1)
             order = d2.argsort()[:k]
-            w = torch.softmax(-0.5 * d2[order] / lengthscale**2, 0)
+            ell, wgt = lengthscale[points[order]], weight[points[order]]
+            w = torch.softmax(wgt.log() - 0.5 * d2[order] / ell**2, 0)
             out[b, t] = (w.unsqueeze(-1) * yc[b, points[order]]).sum(0)
     return out
 
@@ -34,10 +35,18 @@ def test_matches_brute_force_over_two_sources_with_padding():
     va[2], vb[2] = False, False  # a task with no context at all
     va[1, 3:] = False  # a task with fewer valid points than k
     xt = torch.rand(3, 11, 2, dtype=torch.float64) * 4
-    interp = ContextInterpolation(["a", "b"], dim_y=1, source_dims={"a": 3, "b": 1}, k=5, lengthscale=0.7).double()
+    interp = ContextInterpolation(
+        ["a", "b"],
+        dim_y=1,
+        source_dims={"a": 3, "b": 1},
+        k=5,
+        lengthscale={"a": 0.7, "b": 0.2},
+        weight={"a": 1, "b": 9},
+    ).double()
     got = interp({"a": (xa, ya, va), "b": (xb, yb, vb)}, xt)
     xc, yc, valid = torch.cat([xa, xb], 1), torch.cat([ya[..., :1], yb], 1), torch.cat([va, vb], 1)
-    torch.testing.assert_close(got, brute_force(xc, yc, valid, xt, 5, 0.7))
+    per_point = torch.tensor([0.7] * 20 + [0.2] * 7, dtype=torch.float64), torch.tensor([1.0] * 20 + [9.0] * 7)
+    torch.testing.assert_close(got, brute_force(xc, yc, valid, xt, 5, *per_point))
     assert (got[2] == 0).all()
 
 
@@ -88,7 +97,7 @@ def test_model_mean_is_the_interpolation_plus_the_network():
 def test_spec_round_trip_and_errors():
     spec, model = residual_model({"sources": ["grid"]})
     expanded = expand_spec(spec)
-    assert expanded["residual"] == {"sources": ["grid"], "k": 4, "lengthscale": 1.0}
+    assert expanded["residual"] == {"sources": ["grid"], "k": 4, "lengthscale": {"grid": 1.0}, "weight": {"grid": 1.0}}
     assert sum(p.numel() for p in build_model(expanded).parameters()) == sum(p.numel() for p in model.parameters())
     with pytest.raises(ConfigError, match="model's context sources"):
         residual_model({"sources": ["radar"]})
@@ -98,3 +107,7 @@ def test_spec_round_trip_and_errors():
         residual_model(["grid"])
     with pytest.raises(ConfigError, match="k >= 1"):
         residual_model({"sources": ["grid"], "k": 0})
+    with pytest.raises(ConfigError, match="one per source"):
+        residual_model({"sources": ["grid"], "lengthscale": {"stations": 0.1}})
+    with pytest.raises(ConfigError, match="finite and > 0"):
+        residual_model({"sources": ["grid"], "weight": 0.0})

@@ -255,9 +255,11 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         residual_spec = spec["residual"]
         if not isinstance(residual_spec, dict) or "sources" not in residual_spec:
             raise ConfigError(f"residual must be a mapping such as {{sources: [grid], k: 4}}; got {residual_spec!r}.")
-        unknown = set(residual_spec) - {"sources", "k", "lengthscale"}
+        unknown = set(residual_spec) - {"sources", "k", "lengthscale", "weight"}
         if unknown:
-            raise ConfigError(f"residual has unknown key(s) {sorted(unknown)}; allowed: sources, k, lengthscale.")
+            raise ConfigError(
+                f"residual has unknown key(s) {sorted(unknown)}; allowed: sources, k, lengthscale, weight."
+            )
         try:
             residual = ContextInterpolation(dim_y=target_dim_y, source_dims=sources, **residual_spec)
         except ValueError as err:
@@ -265,7 +267,8 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         expanded["residual"] = {
             "sources": residual.sources,
             "k": residual.k,
-            "lengthscale": float(residual_spec.get("lengthscale", 1.0)),
+            "lengthscale": residual.lengthscale,
+            "weight": residual.weight,
         }
     model = NeuralProcess(
         encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual

@@ -25,16 +25,19 @@ from gridtnp.nn.neighbours import knn_points
 class ContextInterpolation(nn.Module):
     """Gaussian-weighted mean of each target's ``k`` nearest context values: ``xt [B, Nt, Dx] -> [B, Nt, Dy]``.
 
-    Weights ``softmax_j(-|xt - xc_j|^2 / (2 l^2))`` over the ``k`` nearest valid points of the listed sources
-    (Euclidean distance in input units), with one learned lengthscale ``l``. A target with no valid context point
-    gets 0 (the normalised mean).
+    Weights ``softmax_j(log w_s - |xt - xc_j|^2 / (2 l_s^2))`` over the ``k`` nearest valid points of the listed
+    sources (Euclidean distance in input units), ``s`` the source of point ``j``, each source with its own learned
+    lengthscale ``l_s`` and prior weight ``w_s``: a dense, exact source (stations) can win near its points with a
+    short lengthscale and a large weight, and give way to the coarse field elsewhere. A target with no valid context
+    point gets 0 (the normalised mean).
 
     Args:
         sources: context sources to interpolate (their values' first ``dim_y`` columns).
         dim_y: the targets' output dimension Dy.
         source_dims: ``{source: Dy}`` of the model's context sources (checked against ``sources``).
-        k: nearest context points per target.
-        lengthscale: initial ``l``, in input units; learned (log-parametrised).
+        k: nearest context points per target (over all listed sources together).
+        lengthscale: initial ``l_s`` in input units, one for all sources or ``{source: l}``; learned.
+        weight: initial ``w_s > 0``, one for all sources or ``{source: w}``; learned.
     """
 
     def __init__(
@@ -43,7 +46,8 @@ class ContextInterpolation(nn.Module):
         dim_y: int,
         source_dims: dict[str, int],
         k: int = 4,
-        lengthscale: float = 1.0,
+        lengthscale: float | dict[str, float] = 1.0,
+        weight: float | dict[str, float] = 1.0,
     ) -> None:
         super().__init__()
         sources = [sources] if isinstance(sources, str) else list(sources)
@@ -56,23 +60,40 @@ class ContextInterpolation(nn.Module):
         narrow = {s: source_dims[s] for s in sources if source_dims[s] < dim_y}
         if narrow:
             raise ValueError(f"residual: sources {narrow} have fewer value columns than the targets' Dy = {dim_y}.")
-        if k < 1 or not (math.isfinite(lengthscale) and lengthscale > 0):
-            raise ValueError(f"residual needs k >= 1 and a finite lengthscale > 0; got k = {k}, {lengthscale}.")
+        if k < 1:
+            raise ValueError(f"residual needs k >= 1; got k = {k}.")
         self.sources, self.dim_y, self.k = sources, dim_y, k
-        self.log_lengthscale = nn.Parameter(torch.tensor(math.log(lengthscale)))
+        self.lengthscale = self._per_source(lengthscale, "lengthscale")
+        self.weight = self._per_source(weight, "weight")
+        self.log_lengthscale = nn.Parameter(torch.tensor([math.log(self.lengthscale[s]) for s in sources]))
+        self.log_weight = nn.Parameter(torch.tensor([math.log(self.weight[s]) for s in sources]))
+
+    def _per_source(self, value: float | dict[str, float], what: str) -> dict[str, float]:
+        """``{source: value}`` from one value or a mapping, each finite and > 0."""
+        values = dict(value) if isinstance(value, dict) else dict.fromkeys(self.sources, value)
+        if set(values) != set(self.sources):
+            raise ValueError(f"residual: {what} must be one number or one per source {self.sources}; got {value!r}.")
+        bad = {s: v for s, v in values.items() if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}
+        if bad:
+            raise ValueError(f"residual: {what} must be finite and > 0; got {bad}.")
+        return {s: float(v) for s, v in values.items()}
 
     def forward(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> Tensor:
         """``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}`` (invalid rows zeroed)."""
         xc = torch.cat([context[s][0] for s in self.sources], 1)
         yc = torch.cat([context[s][1][..., : self.dim_y] for s in self.sources], 1)
         valid = torch.cat([context[s][2] for s in self.sources], 1)
+        sizes = torch.tensor([context[s][0].shape[1] for s in self.sources], device=xc.device)
+        source = torch.repeat_interleave(torch.arange(len(self.sources), device=xc.device), sizes)  # [Nc]
         index, ok = knn_points(xc, valid, xt, min(self.k, xc.shape[1]))  # [B, Nt, k]
         b, nt, k = index.shape
         flat = index.reshape(b, nt * k, 1)
         xn = xc.gather(1, flat.expand(-1, -1, xc.shape[-1])).view(b, nt, k, -1)
         yn = yc.gather(1, flat.expand(-1, -1, yc.shape[-1])).view(b, nt, k, -1)
+        src = source[index]  # [B, Nt, k]
         d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)  # [B, Nt, k]
-        logits = (-0.5 * d2 * torch.exp(-2 * self.log_lengthscale)).masked_fill(~ok, float("-inf"))
+        logits = self.log_weight[src] - 0.5 * d2 * torch.exp(-2 * self.log_lengthscale[src])
+        logits = logits.masked_fill(~ok, float("-inf"))
         weights = torch.softmax(logits, -1).nan_to_num(0.0)  # a target with no valid neighbour: all zeros
         return (weights.unsqueeze(-1) * yn).sum(-2)
 
