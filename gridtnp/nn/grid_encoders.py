@@ -31,6 +31,7 @@ from gridtnp.nn.grids import (
     initial_lengthscale,
     se_weights,
 )
+from gridtnp.nn.segments import segment_attention
 from gridtnp.nn.setconv import grid_sum
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources
 from gridtnp.registry import build_from_spec, register
@@ -169,64 +170,48 @@ class PseudoTokenGridEncoder(nn.Module):
         u0 = self.pseudo_tokens.reshape(m, dim)
         z = self.proj_in(torch.where(t.mask.unsqueeze(-1), t.z, 0.0))  # padded values may be NaN
 
+        # One entry per (token, assigned cell): the token's key/value, attending in segment ``batch * m + cell``.
+        # Unassigned entries (padding, off-grid neighbours, beyond the cap) go to segment b * m, which is dropped.
         cell, valid = assign_cells(self.grid, t.x, t.mask, self.k)  # [B, N, K]
         kk = cell.shape[-1]
-        batch = torch.arange(b, device=cell.device).view(b, 1, 1)
-        bucket = torch.where(valid, batch * m + cell, b * m).flatten()  # (batch, cell) id; b * m = unassigned
-        if self.max_tokens_per_cell is None:
-            order = torch.argsort(bucket)
-        else:  # nearest first within each cell, so the cap drops the farthest tokens
+        bucket = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()  # [E]
+        keep = valid.flatten()
+        kv = attn.to_kv(block.norm_kv(z)).flatten(0, 1)  # [B * N, 2 H Dh]: once per token
+        point = None  # token of each entry, where entries are not in token order
+        if self.max_tokens_per_cell is not None:  # nearest first within each cell, so the cap drops the farthest
             g = grid_coordinates(self.grid, cell, dtype=torch.float32)
             x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().unsqueeze(-2)
-            step = g.new_tensor(self.grid.spacing)
-            dist = (self.grid.difference(x, g) / step).square().sum(-1).flatten()
+            dist = (self.grid.difference(x, g) / g.new_tensor(self.grid.spacing)).square().sum(-1).flatten()
             order = torch.argsort(dist, stable=True)
-            order = order[torch.argsort(bucket[order], stable=True)]
-        bucket = bucket[order]
-        point = torch.div(order, kk, rounding_mode="floor")  # row of z.flatten(0, 1) that each entry reads
-        counts = torch.bincount(bucket, minlength=b * m + 1)
-        rank = torch.arange(bucket.numel(), device=bucket.device) - (torch.cumsum(counts, 0) - counts)[bucket]
-        counts = counts[: b * m]
-        size = int(counts.max()) if counts.numel() else 0
-        if self.max_tokens_per_cell is not None:
-            size = min(size, self.max_tokens_per_cell)
-
-        u = u0.unsqueeze(0).expand(b, m, dim).reshape(b * m, dim)
-        extra = int(self.self_key)  # slot 0 of every cell holds u0_m itself with self_key
-        width = size + extra
-        if width > 0:
-            if self.self_key:  # every cell attends: rows are all cells, in order (no nonzero, no host sync)
-                rows = row_of = torch.arange(b * m, device=counts.device)
-            else:
-                occupied = counts > 0
-                rows = torch.nonzero(occupied).squeeze(-1)  # the cells that attend: [R]
-                row_of = torch.cumsum(occupied, 0) - 1
-            keep = (bucket < b * m) & (rank < size)
-            # Which token fills each slot of the [R, S] buffer; padding slots read token 0, whose (finite) key is
-            # masked out, so one gather builds the buffer with no fill or scatter of [R, S, D].
-            source = torch.zeros(rows.numel() * width, dtype=torch.long, device=rows.device)
-            source[row_of[bucket[keep]] * width + extra + rank[keep]] = point[keep]
-            # Keys/values once per token (project_kv's projection, kept flat so one gather serves both); the
-            # initial pseudo-tokens' rows follow the context's.
-            kv = attn.to_kv(block.norm_kv(z)).flatten(0, 1)
-            if self.self_key:
-                source[torch.arange(rows.numel(), device=rows.device) * width] = kv.shape[0] + torch.remainder(rows, m)
-                kv = torch.cat([kv, attn.to_kv(block.norm_kv(u0)).to(kv.dtype)])
-            kv = kv[source]
+            order = order[torch.argsort(torch.where(keep, bucket, b * m)[order], stable=True)]
+            bucket, keep = bucket[order], keep[order]
+            counts = torch.bincount(torch.where(keep, bucket, b * m), minlength=b * m + 1)
+            rank = torch.arange(bucket.numel(), device=bucket.device) - (torch.cumsum(counts, 0) - counts)[bucket]
+            keep = keep & (rank < self.max_tokens_per_cell)
+            point = torch.div(order, kk, rounding_mode="floor")
+            kv = kv.index_select(0, point)
+        elif kk > 1:  # entries in token order: token n's K entries are rows n K .. n K + K - 1
+            kv = kv.unsqueeze(1).expand(-1, kk, -1).flatten(0, 1)
+        segment = torch.where(keep, bucket, b * m)
+        if self.rel is not None:
+            # Offset of each entry's token from its cell's grid point, in grid spacings (wrapped).
+            x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().flatten(0, 1)  # [B * N, d]
+            x = x.repeat_interleave(kk, 0) if point is None else x.index_select(0, point)
+            g = grid_coordinates(self.grid, torch.remainder(bucket, m), dtype=torch.float32)
+            offset = self.grid.difference(x, g) / g.new_tensor(self.grid.spacing)
+            kv = kv + self.rel(offset.to(kv.dtype))
+        if self.self_key:  # each cell's initial pseudo-token is one more key of the cell (offset 0)
+            own = attn.to_kv(block.norm_kv(u0)).to(kv.dtype)
             if self.rel is not None:
-                # Offset of each filled slot's token from its cell's grid point (0 for u0_m and padding).
-                g = grid_coordinates(self.grid, torch.remainder(bucket[keep], m), dtype=torch.float32)
-                x = t.x.flatten(0, 1)[point[keep]].float()
-                step = g.new_tensor(self.grid.spacing)
-                offset = g.new_zeros(rows.numel() * width, self.grid.ndim)
-                offset[row_of[bucket[keep]] * width + extra + rank[keep]] = self.grid.difference(x, g) / step
-                kv = kv + self.rel(offset.to(kv.dtype))
-            k, v = kv.view(rows.numel(), width, -1).chunk(2, dim=-1)
-            filled = counts[rows].clamp(max=size) + extra
-            key_mask = torch.arange(width, device=rows.device) < filled.unsqueeze(-1)
-            q = block.norm_q(u0)[torch.remainder(rows, m)].unsqueeze(1)  # [R, 1, D]
-            out = attn.attend(q, attn.split_heads(k), attn.split_heads(v), key_mask)
-            u = u.index_add(0, rows, out[:, 0].to(u.dtype))
+                own = own + self.rel(own.new_zeros(1, self.grid.ndim))
+            kv = torch.cat([kv, own.expand(b, m, -1).flatten(0, 1)])
+            segment = torch.cat([segment, torch.arange(b * m, device=segment.device)])
+        k, v = kv.unflatten(-1, (2, attn.heads, attn.head_dim)).unbind(1)  # [E, H, Dh] each
+        q = attn.to_q(block.norm_q(u0)).unflatten(-1, (attn.heads, attn.head_dim))  # [m, H, Dh]
+        q = torch.cat([q.expand(b, -1, -1, -1).flatten(0, 1), q[:1]])  # one per segment, and the dropped one
+        out, has_key = segment_attention(q, k.to(q.dtype), v.to(q.dtype), segment)  # [B m + 1, H, Dh]
+        out = attn.out(out[: b * m].flatten(-2)) * has_key[: b * m, None].to(u0.dtype)
+        u = u0.expand(b, m, dim).flatten(0, 1) + out.to(u0.dtype)
         u = u + block.mlp(block.norm2(u))
         return Latent(u.reshape(b, *self.grid.shape, dim), grid=self.grid)
 
