@@ -110,9 +110,9 @@ class PseudoTokenGridEncoder(nn.Module):
     itself is one more key of its cell, so an empty cell attends to ``u_m`` alone; without it an empty cell keeps
     ``u_m`` plus the MLP residual (zero attention output). ``max_tokens_per_cell`` caps each cell's context keys;
     a fuller cell keeps the tokens nearest to its grid location (deterministic, and independent of the order of the
-    context up to exact ties). The cells of the batch attend in one SDPA call over a ``[cells, S, D]`` buffer
-    padded to ``S = min(fullest cell, cap) (+ 1 with self_key)``; keys/values are projected once per token and
-    then gathered (without ``self_key`` only occupied cells attend).
+    context up to exact ties). The cells attend by ``segment_attention`` over (token, cell) entries: one softmax
+    per cell over its own keys, with no buffer padded to the fullest cell and no host sync; keys/values are
+    projected once per token.
     ``[B, N, in_dim]`` -> ``Latent([B, M1..Md, dim])``.
 
     Args:
