@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock, mlp
@@ -170,47 +171,55 @@ class PseudoTokenGridEncoder(nn.Module):
         u0 = self.pseudo_tokens.reshape(m, dim)
         z = self.proj_in(torch.where(t.mask.unsqueeze(-1), t.z, 0.0))  # padded values may be NaN
 
-        # One entry per (token, assigned cell): the token's key/value, attending in segment ``batch * m + cell``.
-        # Unassigned entries (padding, off-grid neighbours, beyond the cap) go to segment b * m, which is dropped.
+        # One entry per (token, assigned cell): the token's key/value, attending in segment ``batch * m + cell``;
+        # entries of padding, off-grid neighbours and tokens beyond the cap are not kept.
         cell, valid = assign_cells(self.grid, t.x, t.mask, self.k)  # [B, N, K]
         kk = cell.shape[-1]
-        bucket = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()  # [E]
+        segment = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()  # [E]
         keep = valid.flatten()
-        kv = attn.to_kv(block.norm_kv(z)).flatten(0, 1)  # [B * N, 2 H Dh]: once per token
+        # Keys and values once per token, as two products (no [E, 2 H Dh] tensor to split and re-join).
+        w_k, w_v = attn.to_kv.weight.chunk(2)
+        h = block.norm_kv(z).flatten(0, 1)
+        k, v = F.linear(h, w_k), F.linear(h, w_v)  # [B * N, H Dh]
         point = None  # token of each entry, where entries are not in token order
         if self.max_tokens_per_cell is not None:  # nearest first within each cell, so the cap drops the farthest
             g = grid_coordinates(self.grid, cell, dtype=torch.float32)
             x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().unsqueeze(-2)
             dist = (self.grid.difference(x, g) / g.new_tensor(self.grid.spacing)).square().sum(-1).flatten()
             order = torch.argsort(dist, stable=True)
-            order = order[torch.argsort(torch.where(keep, bucket, b * m)[order], stable=True)]
-            bucket, keep = bucket[order], keep[order]
-            counts = torch.bincount(torch.where(keep, bucket, b * m), minlength=b * m + 1)
-            rank = torch.arange(bucket.numel(), device=bucket.device) - (torch.cumsum(counts, 0) - counts)[bucket]
+            order = order[torch.argsort(torch.where(keep, segment, b * m)[order], stable=True)]
+            segment, keep = segment[order], keep[order]
+            counts = torch.bincount(torch.where(keep, segment, b * m), minlength=b * m + 1)
+            rank = torch.arange(segment.numel(), device=segment.device) - (torch.cumsum(counts, 0) - counts)[segment]
             keep = keep & (rank < self.max_tokens_per_cell)
             point = torch.div(order, kk, rounding_mode="floor")
-            kv = kv.index_select(0, point)
+            k, v = k.index_select(0, point), v.index_select(0, point)
         elif kk > 1:  # entries in token order: token n's K entries are rows n K .. n K + K - 1
-            kv = kv.unsqueeze(1).expand(-1, kk, -1).flatten(0, 1)
-        segment = torch.where(keep, bucket, b * m)
+            k, v = (r.unsqueeze(1).expand(-1, kk, -1).flatten(0, 1) for r in (k, v))
+        own = None
+        if self.self_key:  # each cell's initial pseudo-token is one more key of the cell (offset 0)
+            h0 = block.norm_kv(u0)
+            own = [F.linear(h0, w_k).to(k.dtype), F.linear(h0, w_v).to(v.dtype)]  # [m, H Dh]
         if self.rel is not None:
             # Offset of each entry's token from its cell's grid point, in grid spacings (wrapped).
             x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().flatten(0, 1)  # [B * N, d]
             x = x.repeat_interleave(kk, 0) if point is None else x.index_select(0, point)
-            g = grid_coordinates(self.grid, torch.remainder(bucket, m), dtype=torch.float32)
-            offset = self.grid.difference(x, g) / g.new_tensor(self.grid.spacing)
-            kv = kv + self.rel(offset.to(kv.dtype))
-        if self.self_key:  # each cell's initial pseudo-token is one more key of the cell (offset 0)
-            own = attn.to_kv(block.norm_kv(u0)).to(kv.dtype)
-            if self.rel is not None:
-                own = own + self.rel(own.new_zeros(1, self.grid.ndim))
-            kv = torch.cat([kv, own.expand(b, m, -1).flatten(0, 1)])
-            segment = torch.cat([segment, torch.arange(b * m, device=segment.device)])
-        k, v = kv.unflatten(-1, (2, attn.heads, attn.head_dim)).unbind(1)  # [E, H, Dh] each
-        q = attn.to_q(block.norm_q(u0)).unflatten(-1, (attn.heads, attn.head_dim))  # [m, H, Dh]
-        q = torch.cat([q.expand(b, -1, -1, -1).flatten(0, 1), q[:1]])  # one per segment, and the dropped one
-        out, has_key = segment_attention(q, k.to(q.dtype), v.to(q.dtype), segment)  # [B m + 1, H, Dh]
-        out = attn.out(out[: b * m].flatten(-2)) * has_key[: b * m, None].to(u0.dtype)
+            g = grid_coordinates(self.grid, torch.remainder(segment, m), dtype=torch.float32)
+            rel_k, rel_v = self.rel((self.grid.difference(x, g) / g.new_tensor(self.grid.spacing)).to(k.dtype)).chunk(
+                2, -1
+            )
+            k, v = k + rel_k, v + rel_v
+            if own is not None:
+                rel_k, rel_v = self.rel(k.new_zeros(1, self.grid.ndim)).chunk(2, -1)
+                own = [own[0] + rel_k, own[1] + rel_v]
+        heads = (attn.heads, attn.head_dim)
+        q = attn.to_q(block.norm_q(u0)).unflatten(-1, heads)  # [m, H, Dh]
+        q = q.expand(b, -1, -1, -1).flatten(0, 1)  # one per cell of the batch: [B m, H, Dh]
+        if own is not None:
+            own = tuple(o.unflatten(-1, heads).expand(b, -1, -1, -1).flatten(0, 1).to(q.dtype) for o in own)
+        k, v = k.unflatten(-1, heads).to(q.dtype), v.unflatten(-1, heads).to(q.dtype)
+        out, has_key = segment_attention(q, k, v, segment, keep, own)  # [B m, H, Dh], [B m]
+        out = attn.out(out.flatten(-2)) * has_key.unsqueeze(-1).to(u0.dtype)
         u = u0.expand(b, m, dim).flatten(0, 1) + out.to(u0.dtype)
         u = u + block.mlp(block.norm2(u))
         return Latent(u.reshape(b, *self.grid.shape, dim), grid=self.grid)
