@@ -32,8 +32,8 @@ from gridtnp.nn.grids import (
     initial_lengthscale,
     se_weights,
 )
-from gridtnp.nn.segments import segment_attention
 from gridtnp.nn.setconv import grid_sum
+from gridtnp.nn.single_query import segment_attention
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources
 from gridtnp.registry import build_from_spec, register
 
