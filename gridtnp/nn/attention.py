@@ -121,9 +121,16 @@ class MultiHeadAttention(nn.Module):
         """``[B, N, H*Dh]`` -> ``[B, H, N, Dh]``."""
         return t.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
 
+    def kv_rows(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[..., H*Dh]`` each, from ``kv [..., D]``: two products with the halves of ``to_kv``
+        (no ``[..., 2 H Dh]`` output to split, whose backward would copy both gradients back into one)."""
+        w_k, w_v = self.to_kv.weight.chunk(2)
+        b_k, b_v = (None, None) if self.to_kv.bias is None else self.to_kv.bias.chunk(2)
+        return F.linear(kv, w_k, b_k), F.linear(kv, w_v, b_v)
+
     def project_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values ``[B, H, Nk, Dh]`` each (exposed so callers can project once and gather)."""
-        k, v = self.to_kv(kv).chunk(2, dim=-1)
+        k, v = self.kv_rows(kv)
         return self.split_heads(k), self.split_heads(v)
 
     def forward(self, q: Tensor, kv: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock, mlp
@@ -178,9 +177,7 @@ class PseudoTokenGridEncoder(nn.Module):
         segment = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()  # [E]
         keep = valid.flatten()
         # Keys and values once per token, as two products (no [E, 2 H Dh] tensor to split and re-join).
-        w_k, w_v = attn.to_kv.weight.chunk(2)
-        h = block.norm_kv(z).flatten(0, 1)
-        k, v = F.linear(h, w_k), F.linear(h, w_v)  # [B * N, H Dh]
+        k, v = attn.kv_rows(block.norm_kv(z).flatten(0, 1))  # [B * N, H Dh]
         point = None  # token of each entry, where entries are not in token order
         if self.max_tokens_per_cell is not None:  # nearest first within each cell, so the cap drops the farthest
             g = grid_coordinates(self.grid, cell, dtype=torch.float32)
@@ -198,8 +195,7 @@ class PseudoTokenGridEncoder(nn.Module):
             k, v = (r.unsqueeze(1).expand(-1, kk, -1).flatten(0, 1) for r in (k, v))
         own = None
         if self.self_key:  # each cell's initial pseudo-token is one more key of the cell (offset 0)
-            h0 = block.norm_kv(u0)
-            own = [F.linear(h0, w_k).to(k.dtype), F.linear(h0, w_v).to(v.dtype)]  # [m, H Dh]
+            own = [o.to(k.dtype) for o in attn.kv_rows(block.norm_kv(u0))]  # [m, H Dh]
         if self.rel is not None:
             # Offset of each entry's token from its cell's grid point, in grid spacings (wrapped).
             x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().flatten(0, 1)  # [B * N, d]

@@ -197,10 +197,11 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
             return self.mix(zq, out.view(zq.shape))
         # Keys and values are projected once on the grid, as two products, then gathered as [B*Nt, K, H, Dh] rows.
         heads = (attn.heads, attn.head_dim)
-        h = self.norm_kv(zkv)
-        w_k, w_v = attn.to_kv.weight.chunk(2)
-        keys = gather_rows(F.linear(h, w_k), index).view(b * nt, k, *heads)
-        values = gather_rows(F.linear(h, w_v), index).view(b * nt, k, *heads)
+        keys, values = attn.kv_rows(self.norm_kv(zkv))  # [B, M, H*Dh] each
+        keys, values = (
+            gather_rows(keys, index).view(b * nt, k, *heads),
+            gather_rows(values, index).view(b * nt, k, *heads),
+        )
         if self.rel is not None:
             rel = self.rel(offset.to(self.rel[0].weight.dtype)).view(b * nt, k, 1 + self.rel_values, *heads)
             keys = keys + rel[:, :, 0]
