@@ -56,3 +56,28 @@ def test_masked_mean():
     z = torch.arange(12.0).reshape(2, 3, 2)
     mask = torch.tensor([[True, False, True], [False, False, False]])
     torch.testing.assert_close(masked_mean(z, mask), torch.tensor([[2.0, 3.0], [0.0, 0.0]]))
+
+
+def test_explicit_attention_equals_sdpa_in_float64_with_gradients():
+    """The CPU path for few keys (``explicit_attention``) gives SDPA's values and gradients, with every mask kind."""
+    import torch.nn.functional as F
+
+    from gridtnp.nn.attention import FEW_KEYS, explicit_attention, few_keys
+
+    torch.manual_seed(0)
+    q = torch.randn(6, 4, 16, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(6, 4, 16, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(6, 4, 16, 8, dtype=torch.float64, requires_grad=True)
+    boolean = torch.rand(6, 1, 16, 16) > 0.5
+    boolean[..., 0] = True  # every query has a key, as attention_mask guarantees
+    for mask in (None, boolean, torch.randn(6, 4, 16, 16, dtype=torch.float64)):
+        outs = []
+        for fn in (explicit_attention, lambda *a: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3])):
+            q.grad = k.grad = v.grad = None
+            out = fn(q, k, v, mask)
+            out.square().sum().backward()
+            outs.append([out.detach(), q.grad, k.grad, v.grad])
+        for a, b in zip(*outs, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    assert few_keys(q, k, 0.0) and not few_keys(q, k, 0.1) and not few_keys(q[:, :, :1], k, 0.0)
+    assert not few_keys(q, torch.zeros(6, 4, FEW_KEYS + 1, 8), 0.0)

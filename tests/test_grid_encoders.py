@@ -199,6 +199,49 @@ def test_pseudo_token_self_key_and_cap_match_naive_loop(self_key: bool, relative
         assert not torch.allclose(enc({"p": moved}).tokens, enc({"p": t}).tokens)
 
 
+@pytest.mark.parametrize(
+    ("k", "self_key", "relative_position", "cap"),
+    [(1, True, False, None), (4, True, True, None), (3, False, False, 2), (1, False, True, 1)],
+)
+def test_pseudo_token_values_and_gradients_match_naive_loop_in_float64(
+    k: int, self_key: bool, relative_position: bool, cap: int | None
+) -> None:
+    """The segment attention (no padded buffer) gives the naive per-cell loop's values and gradients."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        enc = PseudoTokenGridEncoder(
+            GRID,
+            dim=16,
+            in_dim=3,
+            k=k,
+            heads=2,
+            head_dim=8,
+            mlp_dim=32,
+            self_key=self_key,
+            relative_position=relative_position,
+            max_tokens_per_cell=cap,
+        )
+        t = random_tokens(2, 30, 3, GRID, valid=[30, 9])
+        weight = torch.randn(2, 5, 6, 16)
+        grads = []
+        for fn in (lambda: enc({"p": t}).tokens, lambda: naive_pseudo_token(enc, t, cap=cap)):
+            enc.zero_grad()
+            t.z.grad = None
+            t.z.requires_grad_(True)
+            out = fn()
+            (out * weight).sum().backward()
+            grads.append((out.detach(), [p.grad.clone() for p in enc.parameters()], t.z.grad.clone()))
+        (new, new_p, new_z), (ref, ref_p, ref_z) = grads
+        assert new.dtype == torch.float64
+        tol = 1e-6 if relative_position else 1e-10  # the encoder takes offsets in float32 (coordinates), by design
+        torch.testing.assert_close(new, ref, atol=tol, rtol=tol)
+        torch.testing.assert_close(new_z, ref_z, atol=tol, rtol=tol)
+        for a, b in zip(new_p, ref_p, strict=True):
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_pseudo_token_empty_cells_attend_to_their_own_initial_token() -> None:
     """With self_key (the default) an empty cell's attention output is W_O v(u0_m), not zero."""
     enc = PseudoTokenGridEncoder(GRID, dim=16, heads=2, head_dim=8, mlp_dim=32)

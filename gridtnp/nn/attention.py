@@ -84,6 +84,26 @@ def attention_mask(mask: Tensor | None, num_queries: int) -> tuple[Tensor | None
     return safe[:, None], has_key.expand(-1, num_queries, -1)
 
 
+# On the CPU, SDPA's flash kernel costs about twice an explicit softmax(q k^T / sqrt(Dh)) v for windows of at most
+# this many keys (Swin's 4 x 4 windows: 16) with several queries, forward and backward; from 64 keys on it is faster.
+FEW_KEYS = 32
+
+
+def few_keys(q: Tensor, k: Tensor, dropout: float) -> bool:
+    """Whether ``explicit_attention`` beats SDPA: CPU, several queries, at most ``FEW_KEYS`` keys, no dropout."""
+    return q.device.type == "cpu" and q.shape[-2] > 1 and k.shape[-2] <= FEW_KEYS and dropout == 0.0
+
+
+def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``softmax(q k^T / sqrt(Dh) + mask) v`` for ``q [..., Nq, Dh]``, ``k, v [..., Nk, Dh]``; ``mask`` as SDPA's
+    (boolean, True = attend, or additive float), broadcastable to ``[..., Nq, Nk]``; softmax in float32 or wider."""
+    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    weights = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)
+    return weights.to(v.dtype) @ v
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: queries ``[B, Nq, D]``, keys/values ``[B, Nk, D]`` -> ``[B, Nq, D]``."""
 
@@ -101,9 +121,16 @@ class MultiHeadAttention(nn.Module):
         """``[B, N, H*Dh]`` -> ``[B, H, N, Dh]``."""
         return t.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
 
+    def kv_rows(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[..., H*Dh]`` each, from ``kv [..., D]``: two products with the halves of ``to_kv``
+        (no ``[..., 2 H Dh]`` output to split, whose backward would copy both gradients back into one)."""
+        w_k, w_v = self.to_kv.weight.chunk(2)
+        b_k, b_v = (None, None) if self.to_kv.bias is None else self.to_kv.bias.chunk(2)
+        return F.linear(kv, w_k, b_k), F.linear(kv, w_v, b_v)
+
     def project_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values ``[B, H, Nk, Dh]`` each (exposed so callers can project once and gather)."""
-        k, v = self.to_kv(kv).chunk(2, dim=-1)
+        k, v = self.kv_rows(kv)
         return self.split_heads(k), self.split_heads(v)
 
     def forward(self, q: Tensor, kv: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -119,9 +146,11 @@ class MultiHeadAttention(nn.Module):
         if bias is not None:
             bias = bias.to(qh.dtype)
             attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, float("-inf"))
-        out = F.scaled_dot_product_attention(
-            qh, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
-        )
+        dropout = self.dropout if self.training else 0.0
+        if few_keys(qh, k, dropout):
+            out = explicit_attention(qh, k, v, attn_mask)
+        else:
+            out = F.scaled_dot_product_attention(qh, k, v, attn_mask=attn_mask, dropout_p=dropout)
         out = self.out(out.transpose(1, 2).flatten(-2))
         if has_key is not None:
             out = out * has_key.to(out.dtype)
@@ -367,6 +396,8 @@ __all__ = [
     "SelfAttentionBlock",
     "TEAttention",
     "attention_mask",
+    "explicit_attention",
+    "few_keys",
     "masked_mean",
     "mlp",
     "te_attention",

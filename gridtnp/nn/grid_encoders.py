@@ -32,6 +32,7 @@ from gridtnp.nn.grids import (
     se_weights,
 )
 from gridtnp.nn.setconv import grid_sum
+from gridtnp.nn.single_query import segment_attention
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources
 from gridtnp.registry import build_from_spec, register
 
@@ -109,9 +110,9 @@ class PseudoTokenGridEncoder(nn.Module):
     itself is one more key of its cell, so an empty cell attends to ``u_m`` alone; without it an empty cell keeps
     ``u_m`` plus the MLP residual (zero attention output). ``max_tokens_per_cell`` caps each cell's context keys;
     a fuller cell keeps the tokens nearest to its grid location (deterministic, and independent of the order of the
-    context up to exact ties). The cells of the batch attend in one SDPA call over a ``[cells, S, D]`` buffer
-    padded to ``S = min(fullest cell, cap) (+ 1 with self_key)``; keys/values are projected once per token and
-    then gathered (without ``self_key`` only occupied cells attend).
+    context up to exact ties). The cells attend by ``segment_attention`` over (token, cell) entries: one softmax
+    per cell over its own keys, with no buffer padded to the fullest cell and no host sync; keys/values are
+    projected once per token.
     ``[B, N, in_dim]`` -> ``Latent([B, M1..Md, dim])``.
 
     Args:
@@ -169,64 +170,53 @@ class PseudoTokenGridEncoder(nn.Module):
         u0 = self.pseudo_tokens.reshape(m, dim)
         z = self.proj_in(torch.where(t.mask.unsqueeze(-1), t.z, 0.0))  # padded values may be NaN
 
+        # One entry per (token, assigned cell): the token's key/value, attending in segment ``batch * m + cell``;
+        # entries of padding, off-grid neighbours and tokens beyond the cap are not kept.
         cell, valid = assign_cells(self.grid, t.x, t.mask, self.k)  # [B, N, K]
         kk = cell.shape[-1]
-        batch = torch.arange(b, device=cell.device).view(b, 1, 1)
-        bucket = torch.where(valid, batch * m + cell, b * m).flatten()  # (batch, cell) id; b * m = unassigned
-        if self.max_tokens_per_cell is None:
-            order = torch.argsort(bucket)
-        else:  # nearest first within each cell, so the cap drops the farthest tokens
+        segment = (torch.arange(b, device=cell.device).view(b, 1, 1) * m + cell).flatten()  # [E]
+        keep = valid.flatten()
+        # Keys and values once per token, as two products (no [E, 2 H Dh] tensor to split and re-join).
+        k, v = attn.kv_rows(block.norm_kv(z).flatten(0, 1))  # [B * N, H Dh]
+        point = None  # token of each entry, where entries are not in token order
+        if self.max_tokens_per_cell is not None:  # nearest first within each cell, so the cap drops the farthest
             g = grid_coordinates(self.grid, cell, dtype=torch.float32)
             x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().unsqueeze(-2)
-            step = g.new_tensor(self.grid.spacing)
-            dist = (self.grid.difference(x, g) / step).square().sum(-1).flatten()
+            dist = (self.grid.difference(x, g) / g.new_tensor(self.grid.spacing)).square().sum(-1).flatten()
             order = torch.argsort(dist, stable=True)
-            order = order[torch.argsort(bucket[order], stable=True)]
-        bucket = bucket[order]
-        point = torch.div(order, kk, rounding_mode="floor")  # row of z.flatten(0, 1) that each entry reads
-        counts = torch.bincount(bucket, minlength=b * m + 1)
-        rank = torch.arange(bucket.numel(), device=bucket.device) - (torch.cumsum(counts, 0) - counts)[bucket]
-        counts = counts[: b * m]
-        size = int(counts.max()) if counts.numel() else 0
-        if self.max_tokens_per_cell is not None:
-            size = min(size, self.max_tokens_per_cell)
-
-        u = u0.unsqueeze(0).expand(b, m, dim).reshape(b * m, dim)
-        extra = int(self.self_key)  # slot 0 of every cell holds u0_m itself with self_key
-        width = size + extra
-        if width > 0:
-            if self.self_key:  # every cell attends: rows are all cells, in order (no nonzero, no host sync)
-                rows = row_of = torch.arange(b * m, device=counts.device)
-            else:
-                occupied = counts > 0
-                rows = torch.nonzero(occupied).squeeze(-1)  # the cells that attend: [R]
-                row_of = torch.cumsum(occupied, 0) - 1
-            keep = (bucket < b * m) & (rank < size)
-            # Which token fills each slot of the [R, S] buffer; padding slots read token 0, whose (finite) key is
-            # masked out, so one gather builds the buffer with no fill or scatter of [R, S, D].
-            source = torch.zeros(rows.numel() * width, dtype=torch.long, device=rows.device)
-            source[row_of[bucket[keep]] * width + extra + rank[keep]] = point[keep]
-            # Keys/values once per token (project_kv's projection, kept flat so one gather serves both); the
-            # initial pseudo-tokens' rows follow the context's.
-            kv = attn.to_kv(block.norm_kv(z)).flatten(0, 1)
-            if self.self_key:
-                source[torch.arange(rows.numel(), device=rows.device) * width] = kv.shape[0] + torch.remainder(rows, m)
-                kv = torch.cat([kv, attn.to_kv(block.norm_kv(u0)).to(kv.dtype)])
-            kv = kv[source]
-            if self.rel is not None:
-                # Offset of each filled slot's token from its cell's grid point (0 for u0_m and padding).
-                g = grid_coordinates(self.grid, torch.remainder(bucket[keep], m), dtype=torch.float32)
-                x = t.x.flatten(0, 1)[point[keep]].float()
-                step = g.new_tensor(self.grid.spacing)
-                offset = g.new_zeros(rows.numel() * width, self.grid.ndim)
-                offset[row_of[bucket[keep]] * width + extra + rank[keep]] = self.grid.difference(x, g) / step
-                kv = kv + self.rel(offset.to(kv.dtype))
-            k, v = kv.view(rows.numel(), width, -1).chunk(2, dim=-1)
-            filled = counts[rows].clamp(max=size) + extra
-            key_mask = torch.arange(width, device=rows.device) < filled.unsqueeze(-1)
-            q = block.norm_q(u0)[torch.remainder(rows, m)].unsqueeze(1)  # [R, 1, D]
-            out = attn.attend(q, attn.split_heads(k), attn.split_heads(v), key_mask)
-            u = u.index_add(0, rows, out[:, 0].to(u.dtype))
+            order = order[torch.argsort(torch.where(keep, segment, b * m)[order], stable=True)]
+            segment, keep = segment[order], keep[order]
+            counts = torch.bincount(torch.where(keep, segment, b * m), minlength=b * m + 1)
+            rank = torch.arange(segment.numel(), device=segment.device) - (torch.cumsum(counts, 0) - counts)[segment]
+            keep = keep & (rank < self.max_tokens_per_cell)
+            point = torch.div(order, kk, rounding_mode="floor")
+            k, v = k.index_select(0, point), v.index_select(0, point)
+        elif kk > 1:  # entries in token order: token n's K entries are rows n K .. n K + K - 1
+            k, v = (r.unsqueeze(1).expand(-1, kk, -1).flatten(0, 1) for r in (k, v))
+        own = None
+        if self.self_key:  # each cell's initial pseudo-token is one more key of the cell (offset 0)
+            own = [o.to(k.dtype) for o in attn.kv_rows(block.norm_kv(u0))]  # [m, H Dh]
+        if self.rel is not None:
+            # Offset of each entry's token from its cell's grid point, in grid spacings (wrapped).
+            x = torch.where(t.mask.unsqueeze(-1), t.x, 0.0).float().flatten(0, 1)  # [B * N, d]
+            x = x.repeat_interleave(kk, 0) if point is None else x.index_select(0, point)
+            g = grid_coordinates(self.grid, torch.remainder(segment, m), dtype=torch.float32)
+            rel_k, rel_v = self.rel((self.grid.difference(x, g) / g.new_tensor(self.grid.spacing)).to(k.dtype)).chunk(
+                2, -1
+            )
+            k, v = k + rel_k, v + rel_v
+            if own is not None:
+                rel_k, rel_v = self.rel(k.new_zeros(1, self.grid.ndim)).chunk(2, -1)
+                own = [own[0] + rel_k, own[1] + rel_v]
+        heads = (attn.heads, attn.head_dim)
+        q = attn.to_q(block.norm_q(u0)).unflatten(-1, heads)  # [m, H, Dh]
+        q = q.expand(b, -1, -1, -1).flatten(0, 1)  # one per cell of the batch: [B m, H, Dh]
+        if own is not None:
+            own = tuple(o.unflatten(-1, heads).expand(b, -1, -1, -1).flatten(0, 1).to(q.dtype) for o in own)
+        k, v = k.unflatten(-1, heads).to(q.dtype), v.unflatten(-1, heads).to(q.dtype)
+        out, has_key = segment_attention(q, k, v, segment, keep, own)  # [B m, H, Dh], [B m]
+        out = attn.out(out.flatten(-2)) * has_key.unsqueeze(-1).to(u0.dtype)
+        u = u0.expand(b, m, dim).flatten(0, 1) + out.to(u0.dtype)
         u = u + block.mlp(block.norm2(u))
         return Latent(u.reshape(b, *self.grid.shape, dim), grid=self.grid)
 

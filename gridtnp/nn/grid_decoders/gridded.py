@@ -19,6 +19,7 @@ from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, mlp, t
 from gridtnp.nn.grids import Grid, initial_lengthscale
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.nn.setconv import grid_interpolate
+from gridtnp.nn.single_query import neighbour_attention
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources, last_states
 from gridtnp.registry import register
 
@@ -185,27 +186,34 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
         """
         b, nt, k = index.shape
         attn = self.attn
-        # Keys/values are projected once on the grid ([B, H, M, Dh]) and then gathered, not projected per copy.
-        keys, values = attn.project_kv(self.norm_kv(zkv))
-        keys, values = gather_heads(keys, index), gather_heads(values, index)  # [B*Nt, H, K, Dh]
         if (self.rel is not None or attn.located or self.decay is not None) and offset is None:
             raise ValueError("NeighbourCrossAttentionBlock with rel_dim or TE attention needs the neighbours' offsets.")
+        key_mask = valid.reshape(b * nt, k)
+        if attn.located:  # TE attention: rho sees the offsets, through its own attend (per-head layout for SDPA)
+            keys, values = attn.project_kv(self.norm_kv(zkv))
+            keys, values = gather_heads(keys, index), gather_heads(values, index)  # [B*Nt, H, K, Dh]
+            q = self.norm_q(zq).reshape(b * nt, 1, zq.shape[-1])
+            out = attn.attend(q, keys, values, key_mask, offset.reshape(b * nt, 1, k, -1))
+            return self.mix(zq, out.view(zq.shape))
+        # Keys and values are projected once on the grid, as two products, then gathered as [B*Nt, K, H, Dh] rows.
+        heads = (attn.heads, attn.head_dim)
+        keys, values = attn.kv_rows(self.norm_kv(zkv))  # [B, M, H*Dh] each
+        keys, values = (
+            gather_rows(keys, index).view(b * nt, k, *heads),
+            gather_rows(values, index).view(b * nt, k, *heads),
+        )
         if self.rel is not None:
-            rel = self.rel(offset.to(self.rel[0].weight.dtype))
-            rel = rel.view(b * nt, k, 1 + self.rel_values, attn.heads, attn.head_dim).transpose(1, 3)  # [BNt,H,2,K,Dh]
+            rel = self.rel(offset.to(self.rel[0].weight.dtype)).view(b * nt, k, 1 + self.rel_values, *heads)
             keys = keys + rel[:, :, 0]
             if self.rel_values:
                 values = values + rel[:, :, 1]
-        # Targets become the batch dimension: one attention call, queries [B*Nt, 1, D] vs keys [B*Nt, H, K, Dh].
-        q = self.norm_q(zq).reshape(b * nt, 1, zq.shape[-1])
-        key_mask = valid.reshape(b * nt, k)
-        if attn.located:
-            out = attn.attend(q, keys, values, key_mask, offset.reshape(b * nt, 1, k, -1))
-        elif self.decay is not None:
-            sq = offset.float().square().sum(-1).reshape(b * nt, 1, 1, k)  # squared offsets in grid spacings
-            out = attn.attend(q, keys, values, key_mask, -F.softplus(self.decay).view(1, -1, 1, 1) * sq)
-        else:
-            out = attn.attend(q, keys, values, key_mask)
+        bias = None
+        if self.decay is not None:
+            sq = offset.float().square().sum(-1).reshape(b * nt, k, 1)  # squared offsets in grid spacings
+            bias = -F.softplus(self.decay).view(1, 1, -1) * sq  # [B*Nt, K, H]
+        q = attn.to_q(self.norm_q(zq)).reshape(b * nt, *heads)
+        out = attn.out(neighbour_attention(q, keys, values, key_mask, bias).flatten(-2))
+        out = out * key_mask.any(-1, keepdim=True).to(out.dtype)  # a target without grid neighbours: no update
         return self.mix(zq, out.view(zq.shape))
 
 
