@@ -159,3 +159,15 @@ def test_gaussian_head_has_two_hidden_layers_as_the_te_tnp_paper():
     dist = head(z)
     torch.testing.assert_close(dist.mean, mean)
     torch.testing.assert_close(dist.stddev, (F.softplus(raw) + 1e-3).sqrt())
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_parameter_gets_a_gradient(name):
+    # A parameter outside the loss's graph is dead compute in the forward pass and makes DDP fail without
+    # find_unused_parameters (e.g. a context update after the last pseudo-token layer that nothing reads).
+    model = create_model(name, dim=32)
+    ctx = random_context(dim_x=model.dim_x)
+    dist = model({"points": ctx}, targets(model))
+    dist.log_prob(torch.zeros_like(dist.mean)).mean().backward()
+    unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not unused, f"{name}: parameters with no gradient: {unused}"

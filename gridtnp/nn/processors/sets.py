@@ -85,6 +85,7 @@ class _PseudoTokenProcessor(nn.Module):
         layers: int,
         to_pseudo: Callable[[], nn.Module],
         mix: Callable[[], nn.Module],
+        mix_layers: int | None = None,
     ) -> None:
         super().__init__()
         if num_tokens < 1:
@@ -92,7 +93,7 @@ class _PseudoTokenProcessor(nn.Module):
         check_layers(name, layers)
         self.pseudo_tokens = nn.Parameter(torch.randn(num_tokens, dim) * dim**-0.5)
         self.to_pseudo = nn.ModuleList(to_pseudo() for _ in range(layers))
-        self.mix = nn.ModuleList(mix() for _ in range(layers))
+        self.mix = nn.ModuleList(mix() for _ in range(layers if mix_layers is None else mix_layers))
         self.num_states = layers
 
     def initial(self, batch_size: int, dtype: torch.dtype) -> Tensor:
@@ -103,6 +104,9 @@ class _PseudoTokenProcessor(nn.Module):
 @register("processor", "ist")
 class InducedSetProcessor(_PseudoTokenProcessor):
     """PT-TNP, induced-set-transformer style: per layer U <- MHCA(U; Zc), Zc <- MHCA(Zc; U); states are U.
+
+    The last layer has no context update: nothing reads ``Zc`` after it (the decoder reads the states U), so it
+    would only cost an ``N_c``-query attention per forward pass (and leave unused parameters under DDP).
 
     Args:
         dim: token width D.
@@ -123,16 +127,17 @@ class InducedSetProcessor(_PseudoTokenProcessor):
         mlp_dim: int = 128,
     ) -> None:
         block = partial(CrossAttentionBlock, dim, heads, head_dim, mlp_dim)
-        super().__init__("ist", dim, num_tokens, layers, block, block)
+        super().__init__("ist", dim, num_tokens, layers, block, block, mix_layers=layers - 1)
 
     def forward(self, latent: Latent) -> list[Latent]:
         """Context set ``[B, N, D]`` -> one ``Latent([B, M, D])`` per layer."""
         zc, mask = latent.flat()
         u = self.initial(zc.shape[0], zc.dtype)
         states = []
-        for to_pseudo, to_context in zip(self.to_pseudo, self.mix, strict=True):
+        for i, to_pseudo in enumerate(self.to_pseudo):
             u = to_pseudo(u, zc, mask)
-            zc = to_context(zc, u)
+            if i < len(self.mix):
+                zc = self.mix[i](zc, u)
             states.append(Latent(u))
         return states
 
