@@ -1,6 +1,8 @@
 """Residual prediction over a context interpolation: the interpolation against brute force, exactness, masking, and
 the model's mean shifted by it (std unchanged), with actionable errors."""
 
+import math
+
 import pytest
 import torch
 
@@ -11,19 +13,22 @@ from gridtnp.nn.anchors import ContextInterpolation
 from gridtnp.registry import ConfigError
 
 
-def brute_force(xc, yc, valid, xt, k, lengthscale, weight):
-    """Every distance, the k nearest valid points by sorting, weighted Gaussians (per point): one target at a time."""
-    out = torch.zeros(*xt.shape[:2], yc.shape[-1], dtype=xt.dtype)
+def brute_force(sources, xt, k, lengthscale, weight):
+    """Every distance, the k nearest valid points of each source by sorting, weighted Gaussians: one target at a
+    time. ``sources``: ``[(x [B, N, Dx], y [B, N, Dy], valid [B, N])]``; ``lengthscale``, ``weight``: per source."""
+    out = torch.zeros(*xt.shape[:2], sources[0][1].shape[-1], dtype=xt.dtype)
     for b in range(xt.shape[0]):
-        points = valid[b].nonzero().flatten()
         for t in range(xt.shape[1]):
-            if len(points) == 0:
-                continue
-            d2 = (xt[b, t] - xc[b, points]).square().sum(-1)
-            order = d2.argsort()[:k]
-            ell, wgt = lengthscale[points[order]], weight[points[order]]
-            w = torch.softmax(wgt.log() - 0.5 * d2[order] / ell**2, 0)
-            out[b, t] = (w.unsqueeze(-1) * yc[b, points[order]]).sum(0)
+            logits, values = [], []
+            for (xc, yc, valid), ell, wgt in zip(sources, lengthscale, weight, strict=True):
+                points = valid[b].nonzero().flatten()
+                d2 = (xt[b, t] - xc[b, points]).square().sum(-1)
+                order = d2.argsort()[:k]
+                logits.append(math.log(wgt) - 0.5 * d2[order] / ell**2)
+                values.append(yc[b, points[order]])
+            logits = torch.cat(logits)
+            if len(logits):
+                out[b, t] = (torch.softmax(logits, 0).unsqueeze(-1) * torch.cat(values)).sum(0)
     return out
 
 
@@ -44,10 +49,29 @@ def test_matches_brute_force_over_two_sources_with_padding():
         weight={"a": 1, "b": 9},
     ).double()
     got = interp({"a": (xa, ya, va), "b": (xb, yb, vb)}, xt)
-    xc, yc, valid = torch.cat([xa, xb], 1), torch.cat([ya[..., :1], yb], 1), torch.cat([va, vb], 1)
-    per_point = torch.tensor([0.7] * 20 + [0.2] * 7, dtype=torch.float64), torch.tensor([1.0] * 20 + [9.0] * 7)
-    torch.testing.assert_close(got, brute_force(xc, yc, valid, xt, 5, *per_point))
+    want = brute_force([(xa, ya[..., :1], va), (xb, yb, vb)], xt, 5, (0.7, 0.2), (1.0, 9.0))
+    torch.testing.assert_close(got, want)
     assert (got[2] == 0).all()
+
+
+def test_each_source_keeps_its_k_nearest():
+    # Three station points right at the target must not push the coarse field's two points out of the average.
+    coarse = (torch.tensor([[[-1.0], [1.0]]]), torch.tensor([[[10.0], [20.0]]]), torch.ones(1, 2, dtype=torch.bool))
+    stations = (torch.tensor([[[0.01], [0.02], [0.03]]]), torch.zeros(1, 3, 1), torch.ones(1, 3, dtype=torch.bool))
+    interp = ContextInterpolation(
+        ["coarse", "stations"],
+        1,
+        {"coarse": 1, "stations": 1},
+        k=2,
+        lengthscale=1e3,
+        weight={"coarse": 1.0, "stations": 1e-9},
+    )
+    torch.testing.assert_close(
+        interp({"coarse": coarse, "stations": stations}, torch.zeros(1, 1, 1)),
+        torch.tensor([[[15.0]]]),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_targets_on_context_points_get_their_values():

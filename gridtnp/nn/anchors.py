@@ -23,10 +23,10 @@ from gridtnp.nn.neighbours import knn_points
 
 
 class ContextInterpolation(nn.Module):
-    """Gaussian-weighted mean of each target's ``k`` nearest context values: ``xt [B, Nt, Dx] -> [B, Nt, Dy]``.
+    """Gaussian-weighted mean of each target's nearest context values: ``xt [B, Nt, Dx] -> [B, Nt, Dy]``.
 
-    Weights ``softmax_j(log w_s - |xt - xc_j|^2 / (2 l_s^2))`` over the ``k`` nearest valid points of the listed
-    sources (Euclidean distance in input units), ``s`` the source of point ``j``, each source with its own learned
+    Weights ``softmax_j(log w_s - |xt - xc_j|^2 / (2 l_s^2))`` over the ``k`` nearest valid points of each listed
+    source (Euclidean distance in input units), ``s`` the source of point ``j``, each source with its own learned
     lengthscale ``l_s`` and prior weight ``w_s``: a dense, exact source (stations) can win near its points with a
     short lengthscale and a large weight, and give way to the coarse field elsewhere. A target with no valid context
     point gets 0 (the normalised mean).
@@ -35,7 +35,7 @@ class ContextInterpolation(nn.Module):
         sources: context sources to interpolate (their values' first ``dim_y`` columns).
         dim_y: the targets' output dimension Dy.
         source_dims: ``{source: Dy}`` of the model's context sources (checked against ``sources``).
-        k: nearest context points per target (over all listed sources together).
+        k: nearest context points per target and source.
         lengthscale: initial ``l_s`` in input units, one for all sources or ``{source: l}``; learned.
         weight: initial ``w_s > 0``, one for all sources or ``{source: w}``; learned.
     """
@@ -80,22 +80,21 @@ class ContextInterpolation(nn.Module):
 
     def forward(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> Tensor:
         """``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}`` (invalid rows zeroed)."""
-        xc = torch.cat([context[s][0] for s in self.sources], 1)
-        yc = torch.cat([context[s][1][..., : self.dim_y] for s in self.sources], 1)
-        valid = torch.cat([context[s][2] for s in self.sources], 1)
-        sizes = torch.tensor([context[s][0].shape[1] for s in self.sources], device=xc.device)
-        source = torch.repeat_interleave(torch.arange(len(self.sources), device=xc.device), sizes)  # [Nc]
-        index, ok = knn_points(xc, valid, xt, min(self.k, xc.shape[1]))  # [B, Nt, k]
-        b, nt, k = index.shape
-        flat = index.reshape(b, nt * k, 1)
-        xn = xc.gather(1, flat.expand(-1, -1, xc.shape[-1])).view(b, nt, k, -1)
-        yn = yc.gather(1, flat.expand(-1, -1, yc.shape[-1])).view(b, nt, k, -1)
-        src = source[index]  # [B, Nt, k]
-        d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)  # [B, Nt, k]
-        logits = self.log_weight[src] - 0.5 * d2 * torch.exp(-2 * self.log_lengthscale[src])
-        logits = logits.masked_fill(~ok, float("-inf"))
-        weights = torch.softmax(logits, -1).nan_to_num(0.0)  # a target with no valid neighbour: all zeros
-        return (weights.unsqueeze(-1) * yn).sum(-2)
+        # The k nearest of each source apart: over all sources together, near points of a dense source (stations)
+        # would crowd the coarse field's points out of a target's neighbourhood and leave a worse interpolation.
+        logits, values = [], []
+        for i, s in enumerate(self.sources):
+            xc, yc, valid = context[s][0], context[s][1][..., : self.dim_y], context[s][2]
+            index, ok = knn_points(xc, valid, xt, min(self.k, xc.shape[1]))  # [B, Nt, k]
+            b, nt, k = index.shape
+            flat = index.reshape(b, nt * k, 1)
+            xn = xc.gather(1, flat.expand(-1, -1, xc.shape[-1])).view(b, nt, k, -1)
+            values.append(yc.gather(1, flat.expand(-1, -1, yc.shape[-1])).view(b, nt, k, -1))
+            d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)  # [B, Nt, k]
+            logit = self.log_weight[i] - 0.5 * d2 * torch.exp(-2 * self.log_lengthscale[i])
+            logits.append(logit.masked_fill(~ok, float("-inf")))
+        weights = torch.softmax(torch.cat(logits, -1), -1).nan_to_num(0.0)  # no valid neighbour at all: zeros
+        return (weights.unsqueeze(-1) * torch.cat(values, -2)).sum(-2)
 
 
 def shift_mean(dist: Distribution, offset: Tensor) -> Normal:
