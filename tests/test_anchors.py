@@ -15,8 +15,10 @@ from gridtnp.registry import ConfigError
 
 def brute_force(sources, xt, k, lengthscale, weight):
     """Every distance, the k nearest valid points of each source by sorting, weighted Gaussians: one target at a
-    time. ``sources``: ``[(x [B, N, Dx], y [B, N, Dy], valid [B, N])]``; ``lengthscale``, ``weight``: per source."""
+    time. ``sources``: ``[(x [B, N, Dx], y [B, N, Dy], valid [B, N])]``; ``lengthscale``, ``weight``: per source.
+    Returns the interpolation and each source's share of the weights."""
     out = torch.zeros(*xt.shape[:2], sources[0][1].shape[-1], dtype=xt.dtype)
+    share = torch.zeros(*xt.shape[:2], len(sources), dtype=xt.dtype)
     for b in range(xt.shape[0]):
         for t in range(xt.shape[1]):
             logits, values = [], []
@@ -26,10 +28,13 @@ def brute_force(sources, xt, k, lengthscale, weight):
                 order = d2.argsort()[:k]
                 logits.append(math.log(wgt) - 0.5 * d2[order] / ell**2)
                 values.append(yc[b, points[order]])
+            sizes = [len(v) for v in values]
             logits = torch.cat(logits)
             if len(logits):
-                out[b, t] = (torch.softmax(logits, 0).unsqueeze(-1) * torch.cat(values)).sum(0)
-    return out
+                w = torch.softmax(logits, 0)
+                out[b, t] = (w.unsqueeze(-1) * torch.cat(values)).sum(0)
+                share[b, t] = torch.stack([part.sum() for part in w.split(sizes)])
+    return out, share
 
 
 def test_matches_brute_force_over_two_sources_with_padding():
@@ -48,10 +53,11 @@ def test_matches_brute_force_over_two_sources_with_padding():
         lengthscale={"a": 0.7, "b": 0.2},
         weight={"a": 1, "b": 9},
     ).double()
-    got = interp({"a": (xa, ya, va), "b": (xb, yb, vb)}, xt)
-    want = brute_force([(xa, ya[..., :1], va), (xb, yb, vb)], xt, 5, (0.7, 0.2), (1.0, 9.0))
+    got, share = interp({"a": (xa, ya, va), "b": (xb, yb, vb)}, xt)
+    want, want_share = brute_force([(xa, ya[..., :1], va), (xb, yb, vb)], xt, 5, (0.7, 0.2), (1.0, 9.0))
     torch.testing.assert_close(got, want)
-    assert (got[2] == 0).all()
+    torch.testing.assert_close(share, want_share)
+    assert (got[2] == 0).all() and (share[2] == 0).all()
 
 
 def test_each_source_keeps_its_k_nearest():
@@ -67,7 +73,7 @@ def test_each_source_keeps_its_k_nearest():
         weight={"coarse": 1.0, "stations": 1e-9},
     )
     torch.testing.assert_close(
-        interp({"coarse": coarse, "stations": stations}, torch.zeros(1, 1, 1)),
+        interp({"coarse": coarse, "stations": stations}, torch.zeros(1, 1, 1))[0],
         torch.tensor([[[15.0]]]),
         rtol=1e-4,
         atol=1e-4,
@@ -78,7 +84,26 @@ def test_targets_on_context_points_get_their_values():
     x = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
     y = torch.tensor([[[2.0], [-1.0], [5.0]]])
     interp = ContextInterpolation(["s"], dim_y=1, source_dims={"s": 1}, k=3, lengthscale=0.05)
-    torch.testing.assert_close(interp({"s": (x, y, torch.ones(1, 3, dtype=torch.bool))}, x), y)
+    torch.testing.assert_close(interp({"s": (x, y, torch.ones(1, 3, dtype=torch.bool))}, x)[0], y)
+
+
+def test_the_share_of_an_exact_source_marks_observed_targets():
+    # A target on a context station gets (nearly) all weight from the stations, one between stations from the
+    # coarse field: the share the model embeds into the target tokens.
+    coarse = (torch.tensor([[[0.0], [1.0]]]), torch.zeros(1, 2, 1), torch.ones(1, 2, dtype=torch.bool))
+    stations = (torch.tensor([[[0.3]]]), torch.ones(1, 1, 1), torch.ones(1, 1, dtype=torch.bool))
+    interp = ContextInterpolation(
+        ["coarse", "stations"],
+        1,
+        {"coarse": 1, "stations": 1},
+        k=2,
+        lengthscale={"coarse": 0.5, "stations": 0.05},
+        weight={"coarse": 1, "stations": 100},
+    )
+    mean, share = interp({"coarse": coarse, "stations": stations}, torch.tensor([[[0.3], [0.7]]]))
+    assert share[0, 0, 1] > 0.98 and share[0, 1, 1] < 1e-6
+    torch.testing.assert_close(share.sum(-1), torch.ones(1, 2))
+    assert mean[0, 0, 0] > 0.98 and mean[0, 1, 0] < 1e-6
 
 
 def residual_model(residual):
@@ -104,7 +129,7 @@ def test_model_mean_is_the_interpolation_plus_the_network():
     stations = Observations(torch.rand(2, 5, 2), torch.randn(2, 5, 1))
     xt = torch.rand(2, 6, 2)
     with_residual = model({"grid": grid, "stations": stations}, xt)
-    interpolation = model.residual(
+    interpolation, _ = model.residual(
         {"grid": (grid.x * grid.mask[..., None], grid.y * grid.mask[..., None], grid.mask)}, xt
     )
     residual, model.residual = model.residual, None
@@ -116,6 +141,8 @@ def test_model_mean_is_the_interpolation_plus_the_network():
     assert residual.log_lengthscale.grad is None
     (-model({"grid": grid, "stations": stations}, xt).log_prob(torch.zeros(2, 6, 1)).sum()).backward()
     assert residual.log_lengthscale.grad is not None and torch.isfinite(loss)
+    # The shares' embedding starts at zero (so the test above holds) and is trained.
+    assert residual.features.weight.grad is not None and residual.features.weight.grad.abs().sum() > 0
 
 
 def test_spec_round_trip_and_errors():

@@ -32,7 +32,7 @@ RECIPE_PARAMETERS = {
     "era5_interp.yaml": 5,
     "era5_multisource_swin.yaml": 549762,
     "era5_pt_tnp.yaml": 643458,
-    "era5_swin.yaml": 615494,  # + learned_grid (33 x 49 x 16 and 16 encoder inputs) and residual (4; issue 11)
+    "era5_swin.yaml": 615686,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (4 + 2 x 64 + 64)
     "era5_swin_global.yaml": 2267010,
     "era5_vit.yaml": 344578,
     "era5_wind_swin.yaml": 2232196,

@@ -79,11 +79,15 @@ class NeuralProcess(nn.Module):
         latent = self.grid_encoder(tokens)
         states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
+        anchor = None
+        if self.residual is not None:
+            anchor, share = self.residual(observed, xt)
+            zt = zt + self.residual.target_features(share).to(zt.dtype)
         if getattr(self.grid_decoder, "takes_context", False):  # a decoder with a skip connection from the context
             dist = self.likelihood(self.grid_decoder(states, zt, xt, context=tokens))
         else:
             dist = self.likelihood(self.grid_decoder(states, zt, xt))
-        return dist if self.residual is None else shift_mean(dist, self.residual(observed, xt))
+        return dist if anchor is None else shift_mean(dist, anchor)
 
     def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:
         """Warn when targets or context lie beyond a gridded model's grid by more than half a cell: the model clamps
@@ -261,7 +265,7 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
                 f"residual has unknown key(s) {sorted(unknown)}; allowed: sources, k, lengthscale, weight."
             )
         try:
-            residual = ContextInterpolation(dim_y=target_dim_y, source_dims=sources, **residual_spec)
+            residual = ContextInterpolation(dim_y=target_dim_y, source_dims=sources, dim=dim, **residual_spec)
         except ValueError as err:
             raise ConfigError(str(err)) from err
         expanded["residual"] = {

@@ -38,6 +38,10 @@ class ContextInterpolation(nn.Module):
         k: nearest context points per target and source.
         lengthscale: initial ``l_s`` in input units, one for all sources or ``{source: l}``; learned.
         weight: initial ``w_s > 0``, one for all sources or ``{source: w}``; learned.
+        dim: the target tokens' width D: the sources' weight shares ``[B, Nt, S]`` are embedded (a linear map,
+            zero at initialisation) and added to the target tokens, so the network knows where the interpolation
+            rests on an observation at the target (a context station: it should predict a small departure and a
+            small std) and where on the coarse field.
     """
 
     def __init__(
@@ -48,6 +52,7 @@ class ContextInterpolation(nn.Module):
         k: int = 4,
         lengthscale: float | dict[str, float] = 1.0,
         weight: float | dict[str, float] = 1.0,
+        dim: int = 128,
     ) -> None:
         super().__init__()
         sources = [sources] if isinstance(sources, str) else list(sources)
@@ -67,6 +72,9 @@ class ContextInterpolation(nn.Module):
         self.weight = self._per_source(weight, "weight")
         self.log_lengthscale = nn.Parameter(torch.tensor([math.log(self.lengthscale[s]) for s in sources]))
         self.log_weight = nn.Parameter(torch.tensor([math.log(self.weight[s]) for s in sources]))
+        self.features = nn.Linear(len(sources), dim)
+        nn.init.zeros_(self.features.weight)
+        nn.init.zeros_(self.features.bias)
 
     def _per_source(self, value: float | dict[str, float], what: str) -> dict[str, float]:
         """``{source: value}`` from one value or a mapping, each finite and > 0."""
@@ -78,8 +86,9 @@ class ContextInterpolation(nn.Module):
             raise ValueError(f"residual: {what} must be finite and > 0; got {bad}.")
         return {s: float(v) for s, v in values.items()}
 
-    def forward(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> Tensor:
-        """``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}`` (invalid rows zeroed)."""
+    def forward(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> tuple[Tensor, Tensor]:
+        """The interpolation ``[B, Nt, Dy]`` and each source's share of its weights ``[B, Nt, S]`` (summing to 1,
+        or 0 without any neighbour). ``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}``."""
         # The k nearest of each source apart: over all sources together, near points of a dense source (stations)
         # would crowd the coarse field's points out of a target's neighbourhood and leave a worse interpolation.
         logits, values = [], []
@@ -94,7 +103,13 @@ class ContextInterpolation(nn.Module):
             logit = self.log_weight[i] - 0.5 * d2 * torch.exp(-2 * self.log_lengthscale[i])
             logits.append(logit.masked_fill(~ok, float("-inf")))
         weights = torch.softmax(torch.cat(logits, -1), -1).nan_to_num(0.0)  # no valid neighbour at all: zeros
-        return (weights.unsqueeze(-1) * torch.cat(values, -2)).sum(-2)
+        mean = (weights.unsqueeze(-1) * torch.cat(values, -2)).sum(-2)
+        sizes = [logit.shape[-1] for logit in logits]  # k, or fewer for a source with fewer points
+        return mean, torch.stack([w.sum(-1) for w in weights.split(sizes, -1)], -1)
+
+    def target_features(self, share: Tensor) -> Tensor:
+        """The learned embedding ``[B, Nt, D]`` of ``share [B, Nt, S]`` that the model adds to the target tokens."""
+        return self.features(share.to(self.features.weight.dtype))
 
 
 def shift_mean(dist: Distribution, offset: Tensor) -> Normal:
