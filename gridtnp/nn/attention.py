@@ -388,20 +388,6 @@ class CrossAttentionBlock(_PreNormBlock):
         """``zq [B, Nq, D]``, ``zkv [B, Nk, D]`` -> ``[B, Nq, D]``; with ``xq``, ``xk`` (TE) -> ``(zq, xq)``."""
         return self.attend_located(zq, self.norm_q(zq), self.norm_kv(zkv), mask, xq, xk)
 
-    def folded_kv(self) -> tuple[Tensor, Tensor]:
-        """``(weight [2 H Dh, D], bias [2 H Dh])`` with ``to_kv(norm_kv(z)) == linear(layer_norm(z), weight, bias)``
-        for the affine-free ``layer_norm``: the norm's scale and shift folded into the key/value projection, so
-        blocks that read the same ``z`` can project it for all of them in one product."""
-        w = self.attn.to_kv.weight  # [2 H Dh, D]
-        bias = w @ self.norm_kv.bias
-        if self.attn.to_kv.bias is not None:
-            bias = bias + self.attn.to_kv.bias
-        return w * self.norm_kv.weight, bias
-
-    def attend_projected(self, zq: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-        """The block on keys and values already projected, ``k, v [B, H, Nk, Dh]`` (see ``folded_kv``)."""
-        return self.mix(zq, self.attn.attend(self.norm_q(zq), k, v, mask))
-
 
 __all__ = [
     "VARIANTS",

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock, SelfAttentionBlock, masked_mean, te_attention
@@ -174,18 +173,9 @@ class PerceiverProcessor(_PseudoTokenProcessor):
         """Context set ``[B, N, D]`` -> one ``Latent([B, M, D])`` per layer."""
         zc, mask = latent.flat()
         u = self.initial(zc.shape[0], zc.dtype)
-        # The context is the same in every layer, so all layers' keys and values come from one product
-        # [B, N, D] x [D, L * 2 H Dh] (one backward product and no per-layer gradient sums over the N_c points).
-        folded = [cross.folded_kv() for cross in self.to_pseudo]
-        weight, bias = torch.cat([w for w, _ in folded]), torch.cat([b for _, b in folded])
-        kv = F.linear(
-            F.layer_norm(zc, zc.shape[-1:], eps=self.to_pseudo[0].norm_kv.eps), weight.to(zc.dtype), bias.to(zc.dtype)
-        )
-        attn = self.to_pseudo[0].attn
-        heads = kv.unflatten(-1, (len(self.to_pseudo), 2, attn.heads, attn.head_dim)).permute(2, 3, 0, 4, 1, 5)
         states = []
-        for (k, v), cross, self_attn in zip(heads, self.to_pseudo, self.mix, strict=True):  # k, v [B, H, N, Dh]
-            u = self_attn(cross.attend_projected(u, k, v, mask))
+        for cross, self_attn in zip(self.to_pseudo, self.mix, strict=True):
+            u = self_attn(cross(u, zc, mask))
             states.append(Latent(u))
         return states
 
