@@ -162,3 +162,73 @@ def test_spec_round_trip_and_errors():
         residual_model({"sources": ["grid"], "lengthscale": {"stations": 0.1}})
     with pytest.raises(ConfigError, match="finite and > 0"):
         residual_model({"sources": ["grid"], "weight": 0.0})
+
+
+def test_departures_spread_observed_anomalies_like_residual_kriging():
+    torch.manual_seed(0)
+    coarse = (torch.rand(2, 30, 2) * 4, torch.randn(2, 30, 1), torch.ones(2, 30, dtype=torch.bool))
+    xs = torch.rand(2, 6, 2) * 4
+    stations = (xs, torch.randn(2, 6, 1), torch.tensor([[True] * 6, [True] * 4 + [False] * 2]))
+    stations = (xs * stations[2][..., None], stations[1] * stations[2][..., None], stations[2])
+    interp = ContextInterpolation(
+        ["coarse"],
+        1,
+        {"coarse": 1, "stations": 1},
+        k=4,
+        lengthscale=0.5,
+        dim=8,
+        departures={"source": "stations", "k": 3, "lengthscale": 0.7, "weight": 5.0},
+    )
+    context = {"coarse": coarse, "stations": stations}
+    xt = torch.cat([xs[:, :3], torch.rand(2, 5, 2) * 4], 1)
+    got, features = interp(context, xt)
+    background, share = interp._interpolate(context, xt)
+    # Brute force: each target's 3 nearest valid stations, departures from the background at the stations.
+    want = background.clone()
+    at_stations, _ = interp._interpolate(context, xs)
+    for b in range(2):
+        ok = stations[2][b].nonzero().flatten()
+        dep = stations[1][b, ok] - at_stations[b, ok]
+        for t in range(xt.shape[1]):
+            d2 = (xt[b, t] - xs[b, ok]).square().sum(-1)
+            near = d2.argsort()[:3]
+            a = 5.0 * torch.exp(-0.5 * d2[near] / 0.7**2)
+            lam = a / (1 + a.sum())
+            want[b, t] += (lam[:, None] * dep[near]).sum(0)
+            torch.testing.assert_close(features[b, t, 1], lam.sum())
+            torch.testing.assert_close(features[b, t, 3], (lam * dep[near, 0].square()).sum())
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(features[..., :1], share)
+    assert features.shape[-1] == interp.num_features == 4
+    # A large weight makes the prediction at an observed station (nearly) its observation.
+    exact = ContextInterpolation(
+        ["coarse"],
+        1,
+        {"coarse": 1, "stations": 1},
+        k=4,
+        lengthscale=0.5,
+        departures={"source": "stations", "k": 3, "lengthscale": 0.05, "weight": 1e4},
+    )
+    torch.testing.assert_close(exact(context, xs)[0][0], stations[1][0], atol=2e-3, rtol=0)
+
+
+def test_departures_spec_round_trip_and_errors():
+    departures = {"source": "stations", "k": 6}
+    spec, model = residual_model({"sources": ["grid"], "departures": departures})
+    expanded = expand_spec(spec)
+    assert expanded["residual"]["departures"] == {"source": "stations", "k": 6, "lengthscale": 0.5, "weight": 1.0}
+    assert sum(p.numel() for p in build_model(expanded).parameters()) == sum(p.numel() for p in model.parameters())
+    grid = Observations(torch.rand(2, 12, 2), torch.randn(2, 12, 2))
+    stations = Observations(torch.rand(2, 5, 2), torch.randn(2, 5, 1), torch.rand(2, 5) > 0.5)
+    dist = model({"grid": grid, "stations": stations}, torch.rand(2, 7, 2))
+    dist.log_prob(torch.zeros(2, 7, 1)).sum().backward()
+    assert model.residual.log_departure_scale.grad is not None
+    for bad, match in (
+        ({"source": "grid"}, "not among the interpolated"),
+        ({"source": "radar"}, "departures.source"),
+        ({"source": "stations", "kernel": "se"}, "departures must be a mapping"),
+        ({"source": "stations", "k": 0}, "departures.k"),
+        ({"source": "stations", "lengthscale": -1.0}, "departures.lengthscale"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            residual_model({"sources": ["grid"], "departures": bad})

@@ -81,8 +81,8 @@ class NeuralProcess(nn.Module):
         zt = self.encoders[self.target_source](xt, None)
         anchor = None
         if self.residual is not None:
-            anchor, share = self.residual(observed, xt)
-            zt = zt + self.residual.target_features(share).to(zt.dtype)
+            anchor, features = self.residual(observed, xt)
+            zt = zt + self.residual.target_features(features).to(zt.dtype)
         if getattr(self.grid_decoder, "takes_context", False):  # a decoder with a skip connection from the context
             dist = self.likelihood(self.grid_decoder(states, zt, xt, context=tokens))
         else:
@@ -259,10 +259,10 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         residual_spec = spec["residual"]
         if not isinstance(residual_spec, dict) or "sources" not in residual_spec:
             raise ConfigError(f"residual must be a mapping such as {{sources: [grid], k: 4}}; got {residual_spec!r}.")
-        unknown = set(residual_spec) - {"sources", "k", "lengthscale", "weight"}
+        unknown = set(residual_spec) - {"sources", "k", "lengthscale", "weight", "departures"}
         if unknown:
             raise ConfigError(
-                f"residual has unknown key(s) {sorted(unknown)}; allowed: sources, k, lengthscale, weight."
+                f"residual has unknown key(s) {sorted(unknown)}; allowed: sources, k, lengthscale, weight, departures."
             )
         try:
             residual = ContextInterpolation(dim_y=target_dim_y, source_dims=sources, dim=dim, **residual_spec)
@@ -274,6 +274,8 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
             "lengthscale": residual.lengthscale,
             "weight": residual.weight,
         }
+        if residual.departures is not None:
+            expanded["residual"]["departures"] = dict(residual.departures)
     model = NeuralProcess(
         encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual
     )

@@ -8,12 +8,18 @@ listed source (for a lengthscale well below the point spacing), so observed valu
 learns otherwise, and the network's output only has to carry the sub-grid part. Listed sources must hold the
 target's variable(s) in the same normalised units, in their first ``Dy`` value columns (the gridded and station
 sources of ``StationReanalysisDataModule`` do, extra time-feature columns come after).
+
+``departures: {source: stations, ...}`` adds what optimal interpolation and residual kriging add to a background
+field: each observation's departure from the interpolation at its own location, spread to the targets with a
+learned kernel that shrinks to zero away from the observations, so an observed anomaly (a station 1 K warmer than
+the coarse field today) carries to its neighbours instead of only to its own location.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -38,10 +44,16 @@ class ContextInterpolation(nn.Module):
         k: nearest context points per target and source.
         lengthscale: initial ``l_s`` in input units, one for all sources or ``{source: l}``; learned.
         weight: initial ``w_s > 0``, one for all sources or ``{source: w}``; learned.
-        dim: the target tokens' width D: the sources' weight shares ``[B, Nt, S]`` are embedded (a linear map,
-            zero at initialisation) and added to the target tokens, so the network knows where the interpolation
-            rests on an observation at the target (a context station: it should predict a small departure and a
-            small std) and where on the coarse field.
+        dim: the target tokens' width D: the interpolation's features (``num_features``: the sources' weight
+            shares and, with ``departures``, the departures' total weight, mean and mean square) are embedded (a
+            linear map, zero at initialisation) and added to the target tokens, so the network knows where the
+            interpolation rests on an observation at the target (a context station: it should predict a small
+            departure and a small std), where on the coarse field, and how far nearby observations stray from it.
+        departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}``: add the departures ``d_j = y_j - m(x_j)`` of
+            the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
+            ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
+            learned): near an observation with a large ``w`` the prediction is the observation, far from all of
+            them the interpolation.
     """
 
     def __init__(
@@ -53,6 +65,7 @@ class ContextInterpolation(nn.Module):
         lengthscale: float | dict[str, float] = 1.0,
         weight: float | dict[str, float] = 1.0,
         dim: int = 128,
+        departures: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         sources = [sources] if isinstance(sources, str) else list(sources)
@@ -72,9 +85,40 @@ class ContextInterpolation(nn.Module):
         self.weight = self._per_source(weight, "weight")
         self.log_lengthscale = nn.Parameter(torch.tensor([math.log(self.lengthscale[s]) for s in sources]))
         self.log_weight = nn.Parameter(torch.tensor([math.log(self.weight[s]) for s in sources]))
-        self.features = nn.Linear(len(sources), dim)
+        self.departures = None if departures is None else self._departures(departures, source_dims)
+        if self.departures is not None:
+            d = self.departures
+            self.log_departure_scale = nn.Parameter(torch.tensor([math.log(d["lengthscale"]), math.log(d["weight"])]))
+        self.num_features = len(sources) + (0 if departures is None else 1 + 2 * dim_y)
+        self.features = nn.Linear(self.num_features, dim)
         nn.init.zeros_(self.features.weight)
         nn.init.zeros_(self.features.bias)
+
+    def _departures(self, spec: dict[str, Any], source_dims: dict[str, int]) -> dict[str, Any]:
+        """The checked ``departures`` spec with its defaults filled in."""
+        allowed = {"source", "k", "lengthscale", "weight"}
+        if not isinstance(spec, dict) or "source" not in spec or set(spec) - allowed:
+            raise ValueError(
+                f"residual: departures must be a mapping with 'source' and optionally k, lengthscale, weight "
+                f"(e.g. {{source: stations, k: 8, lengthscale: 0.5}}); got {spec!r}."
+            )
+        out = {"k": 8, "lengthscale": 0.5, "weight": 1.0, **spec}
+        source = out["source"]
+        if source not in source_dims or source in self.sources:
+            raise ValueError(
+                f"residual: departures.source must be a context source {sorted(source_dims)} not among the "
+                f"interpolated sources {self.sources}; got {source!r}."
+            )
+        if source_dims[source] < self.dim_y:
+            raise ValueError(f"residual: departures.source {source!r} has fewer value columns than Dy = {self.dim_y}.")
+        if isinstance(out["k"], bool) or not isinstance(out["k"], int) or out["k"] < 1:
+            raise ValueError(f"residual: departures.k must be an integer >= 1; got {out['k']!r}.")
+        for key in ("lengthscale", "weight"):
+            v = out[key]
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise ValueError(f"residual: departures.{key} must be finite and > 0; got {v!r}.")
+            out[key] = float(v)
+        return out
 
     def _per_source(self, value: float | dict[str, float], what: str) -> dict[str, float]:
         """``{source: value}`` from one value or a mapping, each finite and > 0."""
@@ -87,8 +131,35 @@ class ContextInterpolation(nn.Module):
         return {s: float(v) for s, v in values.items()}
 
     def forward(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> tuple[Tensor, Tensor]:
-        """The interpolation ``[B, Nt, Dy]`` and each source's share of its weights ``[B, Nt, S]`` (summing to 1,
-        or 0 without any neighbour). ``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}``."""
+        """The interpolation ``[B, Nt, Dy]`` and its features ``[B, Nt, num_features]`` (see ``dim``).
+
+        ``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}`` with invalid rows zeroed.
+        """
+        mean, share = self._interpolate(context, xt)
+        if self.departures is None:
+            return mean, share
+        xs, ys, valid = context[self.departures["source"]]
+        k = min(self.departures["k"], xs.shape[1])
+        if k == 0:  # a batch without any point of the source: nothing to add
+            zeros = mean.new_zeros(*mean.shape[:-1], 1 + 2 * self.dim_y)
+            return mean, torch.cat([share, zeros], -1)
+        at_points, _ = self._interpolate(context, xs)  # [B, Ns, Dy]
+        departure = (ys[..., : self.dim_y] - at_points) * valid.unsqueeze(-1).to(ys.dtype)
+        index, ok = knn_points(xs, valid, xt, k)  # [B, Nt, k]
+        b, nt, _ = index.shape
+        flat = index.reshape(b, nt * k, 1)
+        xn = xs.gather(1, flat.expand(-1, -1, xs.shape[-1])).view(b, nt, k, -1)
+        dn = departure.gather(1, flat.expand(-1, -1, self.dim_y)).view(b, nt, k, -1)
+        log_l, log_w = self.log_departure_scale.unbind()
+        d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)
+        a = torch.where(ok, torch.exp(log_w - 0.5 * d2 * torch.exp(-2 * log_l)), 0.0)  # [B, Nt, k]
+        lam = a / (1 + a.sum(-1, keepdim=True))  # simple-kriging-like: sums to < 1, shrinks to 0 far away
+        spread = (lam.unsqueeze(-1) * dn).sum(-2)  # [B, Nt, Dy]
+        spread_sq = (lam.unsqueeze(-1) * dn.square()).sum(-2)
+        return mean + spread, torch.cat([share, lam.sum(-1, keepdim=True), spread, spread_sq], -1)
+
+    def _interpolate(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> tuple[Tensor, Tensor]:
+        """The kernel-weighted mean of the listed sources ``[B, Nt, Dy]`` and each source's weight share."""
         # The k nearest of each source apart: over all sources together, near points of a dense source (stations)
         # would crowd the coarse field's points out of a target's neighbourhood and leave a worse interpolation.
         logits, values = [], []
@@ -107,9 +178,10 @@ class ContextInterpolation(nn.Module):
         sizes = [logit.shape[-1] for logit in logits]  # k, or fewer for a source with fewer points
         return mean, torch.stack([w.sum(-1) for w in weights.split(sizes, -1)], -1)
 
-    def target_features(self, share: Tensor) -> Tensor:
-        """The learned embedding ``[B, Nt, D]`` of ``share [B, Nt, S]`` that the model adds to the target tokens."""
-        return self.features(share.to(self.features.weight.dtype))
+    def target_features(self, features: Tensor) -> Tensor:
+        """The learned embedding ``[B, Nt, D]`` of the features ``[B, Nt, num_features]`` (added to the target
+        tokens by the model)."""
+        return self.features(features.to(self.features.weight.dtype))
 
 
 def shift_mean(dist: Distribution, offset: Tensor) -> Normal:
