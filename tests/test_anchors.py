@@ -53,7 +53,7 @@ def test_matches_brute_force_over_two_sources_with_padding():
         lengthscale={"a": 0.7, "b": 0.2},
         weight={"a": 1, "b": 9},
     ).double()
-    got, share = interp({"a": (xa, ya, va), "b": (xb, yb, vb)}, xt)
+    got, share, _ = interp({"a": (xa, ya, va), "b": (xb, yb, vb)}, xt)
     want, want_share = brute_force([(xa, ya[..., :1], va), (xb, yb, vb)], xt, 5, (0.7, 0.2), (1.0, 9.0))
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(share, want_share)
@@ -100,7 +100,7 @@ def test_the_share_of_an_exact_source_marks_observed_targets():
         lengthscale={"coarse": 0.5, "stations": 0.05},
         weight={"coarse": 1, "stations": 100},
     )
-    mean, share = interp({"coarse": coarse, "stations": stations}, torch.tensor([[[0.3], [0.7]]]))
+    mean, share, _ = interp({"coarse": coarse, "stations": stations}, torch.tensor([[[0.3], [0.7]]]))
     assert share[0, 0, 1] > 0.98 and share[0, 1, 1] < 1e-6
     torch.testing.assert_close(share.sum(-1), torch.ones(1, 2))
     assert mean[0, 0, 0] > 0.98 and mean[0, 1, 0] < 1e-6
@@ -129,7 +129,7 @@ def test_model_mean_is_the_interpolation_plus_the_network():
     stations = Observations(torch.rand(2, 5, 2), torch.randn(2, 5, 1))
     xt = torch.rand(2, 6, 2)
     with_residual = model({"grid": grid, "stations": stations}, xt)
-    interpolation, _ = model.residual(
+    interpolation, _, _ = model.residual(
         {"grid": (grid.x * grid.mask[..., None], grid.y * grid.mask[..., None], grid.mask)}, xt
     )
     residual, model.residual = model.residual, None
@@ -181,11 +181,11 @@ def test_departures_spread_observed_anomalies_like_residual_kriging():
     )
     context = {"coarse": coarse, "stations": stations}
     xt = torch.cat([xs[:, :3], torch.rand(2, 5, 2) * 4], 1)
-    got, features = interp(context, xt)
-    background, share = interp._interpolate(context, xt)
+    got, features, _ = interp(context, xt)
+    background, share = interp._weighted(interp._neighbours(context, xt))
     # Brute force: each target's 3 nearest valid stations, departures from the background at the stations.
     want = background.clone()
-    at_stations, _ = interp._interpolate(context, xs)
+    at_stations, _ = interp._weighted(interp._neighbours(context, xs))
     for b in range(2):
         ok = stations[2][b].nonzero().flatten()
         dep = stations[1][b, ok] - at_stations[b, ok]
@@ -232,3 +232,39 @@ def test_departures_spec_round_trip_and_errors():
     ):
         with pytest.raises(ConfigError, match=match):
             residual_model({"sources": ["grid"], "departures": bad})
+
+
+def test_adaptive_reweights_neighbours_by_direction():
+    # Zero at initialisation; with a coefficient on the first input dimension, neighbours on the +x side gain
+    # weight exp(c o_x): checked against the softmax written out, and the gradient reaches the map.
+    coarse_x = torch.tensor([[[-1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
+    coarse = (coarse_x, torch.tensor([[[0.0], [10.0], [4.0]]]), torch.ones(1, 3, dtype=torch.bool))
+    interp = ContextInterpolation(["coarse"], 1, {"coarse": 1}, k=3, lengthscale=2.0, dim=4, adaptive=True, dim_x=2)
+    xt, zt = torch.zeros(1, 1, 2), torch.ones(1, 1, 4)
+    _, _, near = interp({"coarse": coarse}, xt)
+    assert (interp.adapt(near, zt) == 0).all()
+    with torch.no_grad():
+        interp.direction.bias.copy_(torch.tensor([0.8, 0.0, 0.0, 0.0]))  # c . [o_x, o_y, o_x^2, o_y^2]
+    offsets = coarse_x[0] / 2.0
+    base = torch.softmax(-0.5 * offsets.square().sum(-1), 0)
+    adapted = torch.softmax(-0.5 * offsets.square().sum(-1) + 0.8 * offsets[:, 0], 0)
+    values = coarse[1][0, :, 0]
+    change = interp.adapt(near, zt)
+    torch.testing.assert_close(change, ((adapted - base) * values).sum().view(1, 1, 1))
+    assert change.item() > 0  # the +x neighbour holds the largest value
+    change.sum().backward()
+    assert interp.direction.weight.grad.abs().sum() > 0
+
+
+def test_adaptive_model_matches_plain_at_initialisation_and_round_trips():
+    torch.manual_seed(2)
+    spec, model = residual_model({"sources": ["grid"], "k": 3, "adaptive": True})
+    assert expand_spec(spec)["residual"]["adaptive"] is True
+    grid = Observations(torch.rand(2, 12, 2), torch.randn(2, 12, 2))
+    stations = Observations(torch.rand(2, 5, 2), torch.randn(2, 5, 1))
+    xt = torch.rand(2, 6, 2)
+    adaptive = model({"grid": grid, "stations": stations}, xt)
+    model.residual.adaptive = False
+    torch.testing.assert_close(adaptive.mean, model({"grid": grid, "stations": stations}, xt).mean)
+    with pytest.raises(ConfigError, match="adaptive must be true or false"):
+        residual_model({"sources": ["grid"], "adaptive": "yes"})

@@ -79,15 +79,20 @@ class NeuralProcess(nn.Module):
         latent = self.grid_encoder(tokens)
         states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
-        anchor = None
+        anchor = near = None
         if self.residual is not None:
-            anchor, features = self.residual(observed, xt)
+            anchor, features, near = self.residual(observed, xt)
             zt = zt + self.residual.target_features(features).to(zt.dtype)
         if getattr(self.grid_decoder, "takes_context", False):  # a decoder with a skip connection from the context
-            dist = self.likelihood(self.grid_decoder(states, zt, xt, context=tokens))
+            zt = self.grid_decoder(states, zt, xt, context=tokens)
         else:
-            dist = self.likelihood(self.grid_decoder(states, zt, xt))
-        return dist if anchor is None else shift_mean(dist, anchor)
+            zt = self.grid_decoder(states, zt, xt)
+        dist = self.likelihood(zt)
+        if anchor is None:
+            return dist
+        if self.residual.adaptive:
+            anchor = anchor + self.residual.adapt(near, zt)
+        return shift_mean(dist, anchor)
 
     def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:
         """Warn when targets or context lie beyond a gridded model's grid by more than half a cell: the model clamps
@@ -259,13 +264,14 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         residual_spec = spec["residual"]
         if not isinstance(residual_spec, dict) or "sources" not in residual_spec:
             raise ConfigError(f"residual must be a mapping such as {{sources: [grid], k: 4}}; got {residual_spec!r}.")
-        unknown = set(residual_spec) - {"sources", "k", "lengthscale", "weight", "departures"}
+        allowed = ("sources", "k", "lengthscale", "weight", "departures", "adaptive")
+        unknown = set(residual_spec) - set(allowed)
         if unknown:
-            raise ConfigError(
-                f"residual has unknown key(s) {sorted(unknown)}; allowed: sources, k, lengthscale, weight, departures."
-            )
+            raise ConfigError(f"residual has unknown key(s) {sorted(unknown)}; allowed: {', '.join(allowed)}.")
         try:
-            residual = ContextInterpolation(dim_y=target_dim_y, source_dims=sources, dim=dim, **residual_spec)
+            residual = ContextInterpolation(
+                dim_y=target_dim_y, source_dims=sources, dim=dim, dim_x=dim_x, **residual_spec
+            )
         except ValueError as err:
             raise ConfigError(str(err)) from err
         expanded["residual"] = {
@@ -276,6 +282,8 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         }
         if residual.departures is not None:
             expanded["residual"]["departures"] = dict(residual.departures)
+        if residual.adaptive:
+            expanded["residual"]["adaptive"] = True
     model = NeuralProcess(
         encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual
     )

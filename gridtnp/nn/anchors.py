@@ -19,13 +19,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution, Normal
 
 from gridtnp.nn.neighbours import knn_points
+
+
+class Neighbours(NamedTuple):
+    """A target's neighbours in the interpolation: kernel logits ``[B, Nt, K]`` (-inf where invalid), values
+    ``[B, Nt, K, Dy]``, offsets ``[B, Nt, K, Dx]`` in units of the source's lengthscale; ``sizes``: K per source."""
+
+    logits: Tensor
+    values: Tensor
+    offsets: Tensor
+    sizes: tuple[int, ...]
 
 
 class ContextInterpolation(nn.Module):
@@ -49,6 +59,13 @@ class ContextInterpolation(nn.Module):
             linear map, zero at initialisation) and added to the target tokens, so the network knows where the
             interpolation rests on an observation at the target (a context station: it should predict a small
             departure and a small std), where on the coarse field, and how far nearby observations stray from it.
+        adaptive: let each target reweight its neighbours by direction: after decoding, the logit of neighbour
+            ``j`` gets ``c(z_t) . phi(o_j)``, with ``o_j`` the neighbour-minus-target offset in units of its
+            source's lengthscale, ``phi(o) = [o, o^2]`` (per input dimension) and ``c`` a linear map of the
+            decoded target token (zero at initialisation). A coastal station can lean on its land neighbours and
+            a valley station on the cold side, as a per-station regression on the surrounding blocks (MOS) does,
+            with coefficients the network computes for each place and hour.
+        dim_x: input dimension Dx (sizes ``adaptive``'s map).
         departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}``: add the departures ``d_j = y_j - m(x_j)`` of
             the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
             ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
@@ -66,6 +83,8 @@ class ContextInterpolation(nn.Module):
         weight: float | dict[str, float] = 1.0,
         dim: int = 128,
         departures: dict[str, Any] | None = None,
+        adaptive: bool = False,
+        dim_x: int = 2,
     ) -> None:
         super().__init__()
         sources = [sources] if isinstance(sources, str) else list(sources)
@@ -91,6 +110,13 @@ class ContextInterpolation(nn.Module):
             self.log_departure_scale = nn.Parameter(torch.tensor([math.log(d["lengthscale"]), math.log(d["weight"])]))
         self.num_features = len(sources) + (0 if departures is None else 1 + 2 * dim_y)
         self.features = nn.Linear(self.num_features, dim)
+        if not isinstance(adaptive, bool):
+            raise ValueError(f"residual: adaptive must be true or false; got {adaptive!r}.")
+        self.adaptive = adaptive
+        self.direction = nn.Linear(dim, 2 * dim_x) if adaptive else None
+        if self.direction is not None:
+            nn.init.zeros_(self.direction.weight)
+            nn.init.zeros_(self.direction.bias)
         nn.init.zeros_(self.features.weight)
         nn.init.zeros_(self.features.bias)
 
@@ -130,20 +156,24 @@ class ContextInterpolation(nn.Module):
             raise ValueError(f"residual: {what} must be finite and > 0; got {bad}.")
         return {s: float(v) for s, v in values.items()}
 
-    def forward(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> tuple[Tensor, Tensor]:
-        """The interpolation ``[B, Nt, Dy]`` and its features ``[B, Nt, num_features]`` (see ``dim``).
+    def forward(
+        self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor
+    ) -> tuple[Tensor, Tensor, Neighbours]:
+        """The interpolation ``[B, Nt, Dy]``, its features ``[B, Nt, num_features]`` (see ``dim``) and the
+        neighbours it used (for ``adapt``).
 
         ``context``: ``{source: (x [B, N, Dx], y [B, N, Dy'], valid [B, N])}`` with invalid rows zeroed.
         """
-        mean, share = self._interpolate(context, xt)
+        near = self._neighbours(context, xt)
+        mean, share = self._weighted(near)
         if self.departures is None:
-            return mean, share
+            return mean, share, near
         xs, ys, valid = context[self.departures["source"]]
         k = min(self.departures["k"], xs.shape[1])
         if k == 0:  # a batch without any point of the source: nothing to add
             zeros = mean.new_zeros(*mean.shape[:-1], 1 + 2 * self.dim_y)
-            return mean, torch.cat([share, zeros], -1)
-        at_points, _ = self._interpolate(context, xs)  # [B, Ns, Dy]
+            return mean, torch.cat([share, zeros], -1), near
+        at_points, _ = self._weighted(self._neighbours(context, xs))  # [B, Ns, Dy]
         departure = (ys[..., : self.dim_y] - at_points) * valid.unsqueeze(-1).to(ys.dtype)
         index, ok = knn_points(xs, valid, xt, k)  # [B, Nt, k]
         b, nt, _ = index.shape
@@ -156,13 +186,13 @@ class ContextInterpolation(nn.Module):
         lam = a / (1 + a.sum(-1, keepdim=True))  # simple-kriging-like: sums to < 1, shrinks to 0 far away
         spread = (lam.unsqueeze(-1) * dn).sum(-2)  # [B, Nt, Dy]
         spread_sq = (lam.unsqueeze(-1) * dn.square()).sum(-2)
-        return mean + spread, torch.cat([share, lam.sum(-1, keepdim=True), spread, spread_sq], -1)
+        return mean + spread, torch.cat([share, lam.sum(-1, keepdim=True), spread, spread_sq], -1), near
 
-    def _interpolate(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> tuple[Tensor, Tensor]:
-        """The kernel-weighted mean of the listed sources ``[B, Nt, Dy]`` and each source's weight share."""
+    def _neighbours(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> Neighbours:
+        """Each target's ``k`` nearest valid points of each listed source: their kernel logits, values and offsets."""
         # The k nearest of each source apart: over all sources together, near points of a dense source (stations)
         # would crowd the coarse field's points out of a target's neighbourhood and leave a worse interpolation.
-        logits, values = [], []
+        logits, values, offsets = [], [], []
         for i, s in enumerate(self.sources):
             xc, yc, valid = context[s][0], context[s][1][..., : self.dim_y], context[s][2]
             index, ok = knn_points(xc, valid, xt, min(self.k, xc.shape[1]))  # [B, Nt, k]
@@ -170,13 +200,32 @@ class ContextInterpolation(nn.Module):
             flat = index.reshape(b, nt * k, 1)
             xn = xc.gather(1, flat.expand(-1, -1, xc.shape[-1])).view(b, nt, k, -1)
             values.append(yc.gather(1, flat.expand(-1, -1, yc.shape[-1])).view(b, nt, k, -1))
-            d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)  # [B, Nt, k]
-            logit = self.log_weight[i] - 0.5 * d2 * torch.exp(-2 * self.log_lengthscale[i])
+            offset = (xn - xt.unsqueeze(-2)) * torch.exp(-self.log_lengthscale[i])  # in lengthscales
+            logit = self.log_weight[i] - 0.5 * offset.square().sum(-1)  # [B, Nt, k]
             logits.append(logit.masked_fill(~ok, float("-inf")))
-        weights = torch.softmax(torch.cat(logits, -1), -1).nan_to_num(0.0)  # no valid neighbour at all: zeros
-        mean = (weights.unsqueeze(-1) * torch.cat(values, -2)).sum(-2)
-        sizes = [logit.shape[-1] for logit in logits]  # k, or fewer for a source with fewer points
-        return mean, torch.stack([w.sum(-1) for w in weights.split(sizes, -1)], -1)
+            offsets.append(offset)
+        sizes = tuple(logit.shape[-1] for logit in logits)  # k, or fewer for a source with fewer points
+        return Neighbours(torch.cat(logits, -1), torch.cat(values, -2), torch.cat(offsets, -2), sizes)
+
+    @staticmethod
+    def _weighted(near: Neighbours, extra: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The softmax-weighted mean ``[B, Nt, Dy]`` of the neighbours' values (``extra`` added to the logits) and
+        each source's weight share ``[B, Nt, S]``."""
+        logits = near.logits if extra is None else near.logits + extra
+        weights = torch.softmax(logits, -1).nan_to_num(0.0)  # no valid neighbour at all: zeros
+        mean = (weights.unsqueeze(-1) * near.values).sum(-2)
+        return mean, torch.stack([w.sum(-1) for w in weights.split(near.sizes, -1)], -1)
+
+    def adapt(self, near: Neighbours, zt: Tensor) -> Tensor:
+        """With ``adaptive``: the change ``[B, Nt, Dy]`` of the interpolation when the decoded target tokens
+        ``zt [B, Nt, D]`` reweight the neighbours by direction (zero at initialisation)."""
+        if self.direction is None:
+            raise RuntimeError("ContextInterpolation.adapt needs adaptive=True.")
+        coeff = self.direction(zt.to(self.direction.weight.dtype)).unsqueeze(-2)  # [B, Nt, 1, 2 Dx]
+        phi = torch.cat([near.offsets, near.offsets.square()], -1).to(coeff.dtype)  # [B, Nt, K, 2 Dx]
+        adapted, _ = self._weighted(near, (coeff * phi).sum(-1))
+        base, _ = self._weighted(near)
+        return adapted - base
 
     def target_features(self, features: Tensor) -> Tensor:
         """The learned embedding ``[B, Nt, D]`` of the features ``[B, Nt, num_features]`` (added to the target
