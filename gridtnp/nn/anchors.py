@@ -28,14 +28,23 @@ from torch.distributions import Distribution, Normal
 from gridtnp.nn.neighbours import knn_points
 
 
+def positive(value: Any, what: str) -> float:
+    """``value`` as a float, if it is a finite number > 0; else a ValueError naming ``what``."""
+    if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"residual: {what} must be finite and > 0; got {value!r}.")
+    return float(value)
+
+
 class Neighbours(NamedTuple):
     """A target's neighbours in the interpolation: kernel logits ``[B, Nt, K]`` (-inf where invalid), values
-    ``[B, Nt, K, Dy]``, offsets ``[B, Nt, K, Dx]`` in units of the source's lengthscale; ``sizes``: K per source."""
+    ``[B, Nt, K, Dy]``, offsets ``[B, Nt, K, Dx]`` in units of the source's lengthscale; ``sizes``: K per source;
+    ``base``: the interpolation under the kernel alone ``[B, Nt, Dy]`` (set by ``forward``)."""
 
     logits: Tensor
     values: Tensor
     offsets: Tensor
     sizes: tuple[int, ...]
+    base: Tensor | None = None
 
 
 class ContextInterpolation(nn.Module):
@@ -110,6 +119,8 @@ class ContextInterpolation(nn.Module):
             self.log_departure_scale = nn.Parameter(torch.tensor([math.log(d["lengthscale"]), math.log(d["weight"])]))
         self.num_features = len(sources) + (0 if departures is None else 1 + 2 * dim_y)
         self.features = nn.Linear(self.num_features, dim)
+        nn.init.zeros_(self.features.weight)
+        nn.init.zeros_(self.features.bias)
         if not isinstance(adaptive, bool):
             raise ValueError(f"residual: adaptive must be true or false; got {adaptive!r}.")
         self.adaptive = adaptive
@@ -117,8 +128,6 @@ class ContextInterpolation(nn.Module):
         if self.direction is not None:
             nn.init.zeros_(self.direction.weight)
             nn.init.zeros_(self.direction.bias)
-        nn.init.zeros_(self.features.weight)
-        nn.init.zeros_(self.features.bias)
 
     def _departures(self, spec: dict[str, Any], source_dims: dict[str, int]) -> dict[str, Any]:
         """The checked ``departures`` spec with its defaults filled in."""
@@ -140,10 +149,7 @@ class ContextInterpolation(nn.Module):
         if isinstance(out["k"], bool) or not isinstance(out["k"], int) or out["k"] < 1:
             raise ValueError(f"residual: departures.k must be an integer >= 1; got {out['k']!r}.")
         for key in ("lengthscale", "weight"):
-            v = out[key]
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise ValueError(f"residual: departures.{key} must be finite and > 0; got {v!r}.")
-            out[key] = float(v)
+            out[key] = positive(out[key], f"departures.{key}")
         return out
 
     def _per_source(self, value: float | dict[str, float], what: str) -> dict[str, float]:
@@ -151,10 +157,7 @@ class ContextInterpolation(nn.Module):
         values = dict(value) if isinstance(value, dict) else dict.fromkeys(self.sources, value)
         if set(values) != set(self.sources):
             raise ValueError(f"residual: {what} must be one number or one per source {self.sources}; got {value!r}.")
-        bad = {s: v for s, v in values.items() if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}
-        if bad:
-            raise ValueError(f"residual: {what} must be finite and > 0; got {bad}.")
-        return {s: float(v) for s, v in values.items()}
+        return {s: positive(v, f"{what} of {s!r}") for s, v in values.items()}
 
     def forward(
         self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor
@@ -166,6 +169,7 @@ class ContextInterpolation(nn.Module):
         """
         near = self._neighbours(context, xt)
         mean, share = self._weighted(near)
+        near = near._replace(base=mean)
         if self.departures is None:
             return mean, share, near
         xs, ys, valid = context[self.departures["source"]]
@@ -224,8 +228,7 @@ class ContextInterpolation(nn.Module):
         coeff = self.direction(zt.to(self.direction.weight.dtype)).unsqueeze(-2)  # [B, Nt, 1, 2 Dx]
         phi = torch.cat([near.offsets, near.offsets.square()], -1).to(coeff.dtype)  # [B, Nt, K, 2 Dx]
         adapted, _ = self._weighted(near, (coeff * phi).sum(-1))
-        base, _ = self._weighted(near)
-        return adapted - base
+        return adapted - (self._weighted(near)[0] if near.base is None else near.base)
 
     def target_features(self, features: Tensor) -> Tensor:
         """The learned embedding ``[B, Nt, D]`` of the features ``[B, Nt, num_features]`` (added to the target
