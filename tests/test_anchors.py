@@ -9,7 +9,7 @@ import torch
 from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.models.neural_process import expand_spec
-from gridtnp.nn.anchors import ContextInterpolation
+from gridtnp.nn.anchors import ContextInterpolation, shift_mean
 from gridtnp.registry import ConfigError
 
 
@@ -268,3 +268,66 @@ def test_adaptive_model_matches_plain_at_initialisation_and_round_trips():
     torch.testing.assert_close(adaptive.mean, model({"grid": grid, "stations": stations}, xt).mean)
     with pytest.raises(ConfigError, match="adaptive must be true or false"):
         residual_model({"sources": ["grid"], "adaptive": "yes"})
+
+
+def test_spread_scales_the_std_by_the_days_station_departures():
+    # nu^2 = (sum_j d_j^2 + c nu_0^2) / (n + c), d_j = station value - interpolation of the coarse source at the
+    # station (brute force); the factor (nu / nu_0)^alpha is 1 at initialisation (alpha = 0).
+    torch.manual_seed(5)
+    coarse = (torch.randn(2, 6, 2), torch.randn(2, 6, 1), torch.ones(2, 6, dtype=torch.bool))
+    valid = torch.tensor([[True, True, False, True], [False, False, False, False]])  # task 2: no station
+    stations = (torch.randn(2, 4, 2), torch.randn(2, 4, 1) * valid.unsqueeze(-1), valid)
+    interp = ContextInterpolation(
+        ["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, k=3, lengthscale=0.8, dim=4, spread="stations"
+    )
+    xt = torch.randn(2, 5, 2)
+    _, _, near = interp({"coarse": coarse, "stations": stations}, xt)
+    torch.testing.assert_close(near.spread, torch.ones(2, 1, 1))
+    with torch.no_grad():
+        interp.spread_scale.copy_(torch.tensor([math.log(0.3), 1.5]))
+    _, _, near = interp({"coarse": coarse, "stations": stations}, xt)
+    at_stations, _ = brute_force([coarse], stations[0], 3, [0.8], [1.0])
+    d2 = ((stations[1] - at_stations)[..., 0] ** 2 * valid).sum(-1)
+    nu = ((d2 + 4 * 0.3**2) / (valid.sum(-1) + 4)).sqrt()
+    torch.testing.assert_close(near.spread.view(2), (nu / 0.3) ** 1.5)
+    assert near.spread[1].item() == pytest.approx(1.0)  # no station in the task: nu = nu_0
+    near.spread.sum().backward()
+    assert interp.spread_scale.grad.abs().sum() > 0
+
+
+def test_spread_model_scales_only_the_std_and_round_trips():
+    torch.manual_seed(6)
+    spec, model = residual_model({"sources": ["grid", "stations"], "k": 3, "spread": "stations"})
+    assert expand_spec(spec)["residual"]["spread"] == "stations"
+    grid = Observations(torch.rand(2, 12, 2), torch.randn(2, 12, 2))
+    stations = Observations(torch.rand(2, 5, 2), torch.randn(2, 5, 1))
+    xt = torch.rand(2, 6, 2)
+    before = model({"grid": grid, "stations": stations}, xt)
+    with torch.no_grad():
+        model.residual.spread_scale[1] = 1.0
+    after = model({"grid": grid, "stations": stations}, xt)
+    torch.testing.assert_close(after.mean, before.mean)
+    ratio = after.stddev / before.stddev
+    torch.testing.assert_close(ratio, ratio[:, :1].expand_as(ratio))  # one factor per task
+    assert not torch.allclose(ratio, torch.ones_like(ratio))
+    for bad, match in (
+        ({"sources": ["grid"], "spread": "stations"}, "spread must name one of the interpolated sources"),
+        ({"sources": ["grid", "stations"], "spread": "coarse"}, "spread must name"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            residual_model(bad)
+
+
+def test_the_spread_factor_widens_the_std_without_reweighting_the_mean():
+    # Same values as N(mean + offset, std * scale); the mean's gradient of -log p is (mean - y) / std^2, as without
+    # the factor, while the std's gradient sees the widened std.
+    loc, std = torch.tensor([[[0.5], [1.0]]], requires_grad=True), torch.tensor([[[0.4], [2.0]]], requires_grad=True)
+    offset, scale, y = torch.tensor([[[0.1], [-0.2]]]), torch.tensor([[[3.0]]]), torch.tensor([[[0.0], [1.5]]])
+    dist = shift_mean(torch.distributions.Normal(loc, std), offset, scale)
+    torch.testing.assert_close(dist.mean, loc.detach() + offset)
+    torch.testing.assert_close(dist.stddev, std.detach() * 3.0)
+    (-dist.log_prob(y)).sum().backward()
+    torch.testing.assert_close(loc.grad, (loc.detach() + offset - y) / std.detach() ** 2)
+    wide = std.detach() * 3.0
+    expected_std_grad = 3.0 * (1 / wide - (loc.detach() + offset - y) ** 2 / wide**3)
+    torch.testing.assert_close(std.grad, expected_std_grad)

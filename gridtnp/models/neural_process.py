@@ -92,7 +92,7 @@ class NeuralProcess(nn.Module):
             return dist
         if self.residual.adaptive:
             anchor = anchor + self.residual.adapt(near, zt)
-        return shift_mean(dist, anchor)
+        return shift_mean(dist, anchor, near.spread)
 
     def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:
         """Warn when targets or context lie beyond a gridded model's grid by more than half a cell: the model clamps
@@ -264,7 +264,7 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         residual_spec = spec["residual"]
         if not isinstance(residual_spec, dict) or "sources" not in residual_spec:
             raise ConfigError(f"residual must be a mapping such as {{sources: [grid], k: 4}}; got {residual_spec!r}.")
-        allowed = ("sources", "k", "lengthscale", "weight", "departures", "adaptive")
+        allowed = ("sources", "k", "lengthscale", "weight", "departures", "adaptive", "spread", "spread_power")
         unknown = set(residual_spec) - set(allowed)
         if unknown:
             raise ConfigError(f"residual has unknown key(s) {sorted(unknown)}; allowed: {', '.join(allowed)}.")
@@ -284,6 +284,9 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
             expanded["residual"]["departures"] = dict(residual.departures)
         if residual.adaptive:
             expanded["residual"]["adaptive"] = True
+        if residual.spread is not None:
+            expanded["residual"]["spread"] = residual.spread
+            expanded["residual"]["spread_power"] = residual.spread_power
     model = NeuralProcess(
         encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual
     )

@@ -9,6 +9,11 @@ learns otherwise, and the network's output only has to carry the sub-grid part. 
 target's variable(s) in the same normalised units, in their first ``Dy`` value columns (the gridded and station
 sources of ``StationReanalysisDataModule`` do, extra time-feature columns come after).
 
+``spread: stations`` lets the day's difficulty reach the predictive std: how far the listed source's observations
+stray from the interpolation of the other sources today (the sub-grid spread the coarse field misses) scales every
+prediction's std, so a model trained on calm days widens its intervals on a day of sharp contrasts instead of
+staying as sure as it was in training.
+
 ``departures: {source: stations, ...}`` adds what optimal interpolation and residual kriging add to a background
 field: each observation's departure from the interpolation at its own location, spread to the targets with a
 learned kernel that shrinks to zero away from the observations, so an observed anomaly (a station 1 K warmer than
@@ -27,6 +32,8 @@ from torch.distributions import Distribution, Normal
 
 from gridtnp.nn.neighbours import knn_points
 
+SPREAD_PRIOR_POINTS = 4.0  # pseudo-observations at nu_0 in the spread estimate (see ContextInterpolation's spread)
+
 
 def positive(value: Any, what: str) -> float:
     """``value`` as a float, if it is a finite number > 0; else a ValueError naming ``what``."""
@@ -38,13 +45,15 @@ def positive(value: Any, what: str) -> float:
 class Neighbours(NamedTuple):
     """A target's neighbours in the interpolation: kernel logits ``[B, Nt, K]`` (-inf where invalid), values
     ``[B, Nt, K, Dy]``, offsets ``[B, Nt, K, Dx]`` in units of the source's lengthscale; ``sizes``: K per source;
-    ``base``: the interpolation under the kernel alone ``[B, Nt, Dy]`` (set by ``forward``)."""
+    ``base``: the interpolation under the kernel alone ``[B, Nt, Dy]`` and ``spread``: the factor ``[B, 1, 1]`` on
+    the predictive std (with ``spread``), both set by ``forward``."""
 
     logits: Tensor
     values: Tensor
     offsets: Tensor
     sizes: tuple[int, ...]
     base: Tensor | None = None
+    spread: Tensor | None = None
 
 
 class ContextInterpolation(nn.Module):
@@ -75,6 +84,14 @@ class ContextInterpolation(nn.Module):
             a valley station on the cold side, as a per-station regression on the surrounding blocks (MOS) does,
             with coefficients the network computes for each place and hour.
         dim_x: input dimension Dx (sizes ``adaptive``'s map).
+        spread: a listed source (with at least one other listed) whose points measure the day's sub-grid spread:
+            the predictive std is multiplied by ``(nu / nu_0)^alpha``, with ``nu^2 = (sum_j d_j^2 + c nu_0^2) /
+            (n + c)`` over the source's ``n`` valid points in the task, ``d_j`` their departures from the
+            interpolation of the other listed sources at their own locations, ``c = SPREAD_PRIOR_POINTS`` prior
+            points (a task with few or none falls back towards ``nu_0``), ``nu_0`` (initially 0.2, in normalised
+            units) and ``alpha`` learned.
+        spread_power: the initial ``alpha`` of ``spread``: 0 starts without effect, 1 with a std proportional to the
+            day's spread.
         departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}``: add the departures ``d_j = y_j - m(x_j)`` of
             the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
             ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
@@ -94,6 +111,8 @@ class ContextInterpolation(nn.Module):
         departures: dict[str, Any] | None = None,
         adaptive: bool = False,
         dim_x: int = 2,
+        spread: str | None = None,
+        spread_power: float = 0.0,
     ) -> None:
         super().__init__()
         sources = [sources] if isinstance(sources, str) else list(sources)
@@ -124,6 +143,20 @@ class ContextInterpolation(nn.Module):
         if not isinstance(adaptive, bool):
             raise ValueError(f"residual: adaptive must be true or false; got {adaptive!r}.")
         self.adaptive = adaptive
+        if spread is not None and (spread not in sources or len(sources) < 2):
+            raise ValueError(
+                f"residual: spread must name one of the interpolated sources {sources}, and another must be listed "
+                f"to measure its departures against; got {spread!r}."
+            )
+        self.spread = spread
+        finite = isinstance(spread_power, int | float) and not isinstance(spread_power, bool)
+        if not (finite and math.isfinite(spread_power)):
+            raise ValueError(f"residual: spread_power must be a finite number; got {spread_power!r}.")
+        self.spread_power = float(spread_power)
+        # log nu_0 and alpha of the std factor (nu / nu_0)^alpha.
+        self.spread_scale = (
+            nn.Parameter(torch.tensor([math.log(0.2), self.spread_power])) if spread is not None else None
+        )
         self.direction = nn.Linear(dim, 2 * dim_x) if adaptive else None
         if self.direction is not None:
             nn.init.zeros_(self.direction.weight)
@@ -170,6 +203,8 @@ class ContextInterpolation(nn.Module):
         near = self._neighbours(context, xt)
         mean, share = self._weighted(near)
         near = near._replace(base=mean)
+        if self.spread is not None:
+            near = near._replace(spread=self._spread_factor(context))
         if self.departures is None:
             return mean, share, near
         xs, ys, valid = context[self.departures["source"]]
@@ -192,12 +227,30 @@ class ContextInterpolation(nn.Module):
         spread_sq = (lam.unsqueeze(-1) * dn.square()).sum(-2)
         return mean + spread, torch.cat([share, lam.sum(-1, keepdim=True), spread, spread_sq], -1), near
 
-    def _neighbours(self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor) -> Neighbours:
-        """Each target's ``k`` nearest valid points of each listed source: their kernel logits, values and offsets."""
+    def _spread_factor(self, context: dict[str, tuple[Tensor, Tensor, Tensor]]) -> Tensor:
+        """The std factor ``(nu / nu_0)^alpha`` ``[B, 1, 1]`` of each task (see ``spread``)."""
+        xs, ys, valid = context[self.spread]
+        log_nu0, alpha = self.spread_scale.unbind()
+        if xs.shape[1] == 0:  # no point of the source in this batch: nu = nu_0
+            return torch.ones(xs.shape[0], 1, 1, dtype=ys.dtype, device=ys.device)
+        others = [s for s in self.sources if s != self.spread]
+        at_points, _ = self._weighted(self._neighbours(context, xs, others))  # [B, Ns, Dy]
+        d2 = (ys[..., : self.dim_y] - at_points).square().mean(-1) * valid.to(ys.dtype)  # [B, Ns]
+        prior = SPREAD_PRIOR_POINTS
+        nu2 = (d2.sum(-1) + prior * torch.exp(2 * log_nu0)) / (valid.sum(-1).to(ys.dtype) + prior)
+        return torch.exp(alpha * (0.5 * torch.log(nu2) - log_nu0)).view(-1, 1, 1)
+
+    def _neighbours(
+        self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor, sources: Sequence[str] | None = None
+    ) -> Neighbours:
+        """Each target's ``k`` nearest valid points of each listed source (or of ``sources``, a subset): their
+        kernel logits, values and offsets."""
         # The k nearest of each source apart: over all sources together, near points of a dense source (stations)
         # would crowd the coarse field's points out of a target's neighbourhood and leave a worse interpolation.
         logits, values, offsets = [], [], []
         for i, s in enumerate(self.sources):
+            if sources is not None and s not in sources:
+                continue
             xc, yc, valid = context[s][0], context[s][1][..., : self.dim_y], context[s][2]
             index, ok = knn_points(xc, valid, xt, min(self.k, xc.shape[1]))  # [B, Nt, k]
             b, nt, k = index.shape
@@ -236,8 +289,18 @@ class ContextInterpolation(nn.Module):
         return self.features(features.to(self.features.weight.dtype))
 
 
-def shift_mean(dist: Distribution, offset: Tensor) -> Normal:
-    """``dist`` (a Normal) with ``offset [B, Nt, Dy]`` added to its mean."""
+def shift_mean(dist: Distribution, offset: Tensor, scale: Tensor | None = None) -> Normal:
+    """``dist`` (a Normal) with ``offset [B, Nt, Dy]`` added to its mean and, if given, its std multiplied by
+    ``scale`` (broadcastable; it does not reweight the mean's gradient)."""
     if not isinstance(dist, Normal):
         raise TypeError(f"residual needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
-    return Normal(dist.loc + offset.to(dist.loc.dtype), dist.scale)
+    loc = dist.loc + offset.to(dist.loc.dtype)
+    if scale is None:
+        return Normal(loc, dist.scale)
+    scale = scale.to(dist.scale.dtype)
+    if loc.requires_grad:
+        # Same value; the mean's gradient times scale^2, so that d(-log p)/d(mean) = (mean - y) / std_net^2 as
+        # without the factor: a wide day widens the std without weighing less in the fit of the mean.
+        fixed = loc.detach()
+        loc = fixed + (loc - fixed) * scale.detach().square()
+    return Normal(loc, dist.scale * scale)
