@@ -331,3 +331,15 @@ def test_the_spread_factor_widens_the_std_without_reweighting_the_mean():
     wide = std.detach() * 3.0
     expected_std_grad = 3.0 * (1 / wide - (loc.detach() + offset - y) ** 2 / wide**3)
     torch.testing.assert_close(std.grad, expected_std_grad)
+
+
+def test_spread_power_is_checked_and_needs_spread():
+    for bad, match in (
+        ({"sources": ["grid", "stations"], "spread": "stations", "spread_power": float("nan")}, "spread_power must be"),
+        ({"sources": ["grid", "stations"], "spread": "stations", "spread_power": True}, "spread_power must be"),
+        ({"sources": ["grid", "stations"], "spread_power": 1.0}, "spread_power .* needs spread"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            residual_model(bad)
+    spec, _ = residual_model({"sources": ["grid", "stations"], "spread": "stations", "spread_power": -1})
+    assert expand_spec(spec)["residual"]["spread_power"] == -1.0

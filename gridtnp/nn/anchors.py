@@ -35,10 +35,14 @@ from gridtnp.nn.neighbours import knn_points
 SPREAD_PRIOR_POINTS = 4.0  # pseudo-observations at nu_0 in the spread estimate (see ContextInterpolation's spread)
 
 
-def positive(value: Any, what: str) -> float:
-    """``value`` as a float, if it is a finite number > 0; else a ValueError naming ``what``."""
-    if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ValueError(f"residual: {what} must be finite and > 0; got {value!r}.")
+def number(value: Any, what: str, positive: bool = True) -> float:
+    """``value`` as a float, if it is a finite number (and > 0 with ``positive``); else a ValueError naming ``what``."""
+    if (
+        isinstance(value, bool)
+        or not (isinstance(value, int | float) and math.isfinite(value))
+        or (positive and value <= 0)
+    ):
+        raise ValueError(f"residual: {what} must be finite{' and > 0' if positive else ''}; got {value!r}.")
     return float(value)
 
 
@@ -149,10 +153,9 @@ class ContextInterpolation(nn.Module):
                 f"to measure its departures against; got {spread!r}."
             )
         self.spread = spread
-        finite = isinstance(spread_power, int | float) and not isinstance(spread_power, bool)
-        if not (finite and math.isfinite(spread_power)):
-            raise ValueError(f"residual: spread_power must be a finite number; got {spread_power!r}.")
-        self.spread_power = float(spread_power)
+        self.spread_power = number(spread_power, "spread_power", positive=False)
+        if spread is None and self.spread_power != 0.0:
+            raise ValueError(f"residual: spread_power ({spread_power!r}) needs spread (e.g. spread: stations).")
         # log nu_0 and alpha of the std factor (nu / nu_0)^alpha.
         self.spread_scale = (
             nn.Parameter(torch.tensor([math.log(0.2), self.spread_power])) if spread is not None else None
@@ -182,7 +185,7 @@ class ContextInterpolation(nn.Module):
         if isinstance(out["k"], bool) or not isinstance(out["k"], int) or out["k"] < 1:
             raise ValueError(f"residual: departures.k must be an integer >= 1; got {out['k']!r}.")
         for key in ("lengthscale", "weight"):
-            out[key] = positive(out[key], f"departures.{key}")
+            out[key] = number(out[key], f"departures.{key}")
         return out
 
     def _per_source(self, value: float | dict[str, float], what: str) -> dict[str, float]:
@@ -190,7 +193,7 @@ class ContextInterpolation(nn.Module):
         values = dict(value) if isinstance(value, dict) else dict.fromkeys(self.sources, value)
         if set(values) != set(self.sources):
             raise ValueError(f"residual: {what} must be one number or one per source {self.sources}; got {value!r}.")
-        return {s: positive(v, f"{what} of {s!r}") for s, v in values.items()}
+        return {s: number(v, f"{what} of {s!r}") for s, v in values.items()}
 
     def forward(
         self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor
