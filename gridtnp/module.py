@@ -79,7 +79,7 @@ class NeuralProcessModule(L.LightningModule):
         grid: the model's grid ``{lower: [...], upper: [...], shape: [...], roll: [...]}`` for gridded models.
         residual: ``{sources: [...], k: 4, lengthscale: 1.0}``: predict the departure from a kernel-weighted mean of
             the nearest context values of those sources (``gridtnp.nn.anchors``; also ``weight``, ``adaptive``,
-            ``departures``, ``spread``); null (default) predicts y itself.
+            ``departures``, ``spread``, ``regression``); null (default) predicts y itself.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.

@@ -9,7 +9,7 @@ import torch
 from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.models.neural_process import expand_spec
-from gridtnp.nn.anchors import ContextInterpolation, shift_mean
+from gridtnp.nn.anchors import ContextInterpolation, shape_basis, shift_mean
 from gridtnp.registry import ConfigError
 
 
@@ -343,3 +343,75 @@ def test_spread_power_is_checked_and_needs_spread():
             residual_model(bad)
     spec, _ = residual_model({"sources": ["grid", "stations"], "spread": "stations", "spread_power": -1})
     assert expand_spec(spec)["residual"]["spread_power"] == -1.0
+
+
+LATTICE = {"lower": [-2.0, -2.0], "upper": [2.0, 2.0], "shape": [5, 5]}
+
+
+def test_shape_basis_lists_offsets_squares_and_products():
+    torch.testing.assert_close(shape_basis(torch.tensor([[2.0, 3.0]])), torch.tensor([[2.0, 3.0, 4.0, 9.0, 6.0]]))
+    assert shape_basis(torch.ones(4, 3)).shape == (4, 9)  # 3 offsets, 3 squares, 3 products
+
+
+def test_regression_adds_the_place_coefficients_times_the_local_shape():
+    # correction = a_coarse (c_0(x) + sum_p c_p(x) g_p), g_p = sum_j w_j phi_p(o_j) (y_j - m), written out for one
+    # target on a lattice point (so c(x) is that point's row), with the weights renormalised within the source.
+    torch.manual_seed(7)
+    coarse = (torch.randn(1, 6, 2), torch.randn(1, 6, 1), torch.tensor([[True, True, False, True, True, True]]))
+    stations = (torch.randn(1, 3, 2), torch.randn(1, 3, 1), torch.ones(1, 3, dtype=torch.bool))
+    context = {"coarse": coarse, "stations": stations}
+    kwargs = {"k": 3, "lengthscale": {"coarse": 1.5, "stations": 0.6}, "dim": 4}
+    plain = ContextInterpolation(["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, **kwargs)
+    interp = ContextInterpolation(
+        ["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, **kwargs, regression={"grid": LATTICE}
+    )
+    assert interp.regression["sources"] == ["coarse"]  # default: the first interpolated source
+    xt = torch.tensor([[[1.0, -1.0]]])
+    torch.testing.assert_close(interp(context, xt)[0], plain(context, xt)[0])  # zero at initialisation
+    row = torch.tensor([0.3, 1.0, -0.5, 0.2, 0.4, -0.7])  # c_0 and the 5 shape coefficients
+    with torch.no_grad():
+        interp.coefficients.table[3 * 5 + 1] = row / interp.coefficients.lr_scale  # lattice point (1, -1)
+    mean, share, _ = interp(context, xt)
+    points = coarse[2][0].nonzero().flatten()
+    d2 = (xt[0, 0] - coarse[0][0, points]).square().sum(-1)
+    near = d2.argsort()[:3]
+    w = torch.softmax(-0.5 * d2[near] / 1.5**2, 0)
+    y = coarse[1][0, points[near], 0]
+    phi = shape_basis((coarse[0][0, points[near]] - xt[0, 0]) / 1.5)  # [3, 5]
+    g = (w[:, None] * phi * (y - (w * y).sum())[:, None]).sum(0)
+    expected = plain(context, xt)[0] + share[..., :1] * (row[0] + (row[1:] * g).sum())
+    torch.testing.assert_close(mean, expected)
+
+
+def test_regression_leaves_observed_stations_and_round_trips():
+    torch.manual_seed(8)
+    regression = {"sources": ["grid"], "grid": LATTICE, "lr_scale": 10}
+    spec, model = residual_model(
+        {
+            "sources": ["grid", "stations"],
+            "k": 3,
+            "lengthscale": {"grid": 1.0, "stations": 0.05},
+            "weight": {"grid": 1.0, "stations": 1e6},
+            "regression": regression,
+        }
+    )
+    assert expand_spec(spec)["residual"]["regression"] == {**regression, "lr_scale": 10.0}
+    with torch.no_grad():
+        model.residual.coefficients.table.normal_()
+    grid = Observations(torch.rand(2, 12, 2) * 4 - 2, torch.randn(2, 12, 2))
+    stations = Observations(torch.rand(2, 5, 2) * 4 - 2, torch.randn(2, 5, 1))
+    mean, _, _ = model.residual(
+        {k: (o.x, o.y, o.mask) for k, o in (("grid", grid), ("stations", stations))}, stations.x
+    )
+    # At an observed station the coarse field's share, which scales the correction, is about 1e-6.
+    torch.testing.assert_close(mean, stations.y, atol=1e-4, rtol=0)
+    model({"grid": grid, "stations": stations}, torch.rand(2, 6, 2)).mean.sum().backward()
+    assert model.residual.coefficients.table.grad.abs().sum() > 0
+    for bad, match in (
+        ({"sources": ["grid"], "regression": {"sources": ["grid"]}}, "regression must be a mapping with 'grid'"),
+        ({"sources": ["grid"], "regression": {"grid": LATTICE, "order": 2}}, "regression must be a mapping"),
+        ({"sources": ["grid"], "regression": {"grid": LATTICE, "sources": ["stations"]}}, "regression.sources"),
+        ({"sources": ["grid"], "regression": {"grid": LATTICE, "lr_scale": 0}}, "regression.lr_scale must be"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            residual_model(bad)

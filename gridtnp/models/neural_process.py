@@ -264,7 +264,17 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         residual_spec = spec["residual"]
         if not isinstance(residual_spec, dict) or "sources" not in residual_spec:
             raise ConfigError(f"residual must be a mapping such as {{sources: [grid], k: 4}}; got {residual_spec!r}.")
-        allowed = ("sources", "k", "lengthscale", "weight", "departures", "adaptive", "spread", "spread_power")
+        allowed = (
+            "sources",
+            "k",
+            "lengthscale",
+            "weight",
+            "departures",
+            "adaptive",
+            "spread",
+            "spread_power",
+            "regression",
+        )
         unknown = set(residual_spec) - set(allowed)
         if unknown:
             raise ConfigError(f"residual has unknown key(s) {sorted(unknown)}; allowed: {', '.join(allowed)}.")
@@ -284,6 +294,8 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
             expanded["residual"]["departures"] = dict(residual.departures)
         if residual.adaptive:
             expanded["residual"]["adaptive"] = True
+        if residual.regression is not None:
+            expanded["residual"]["regression"] = dict(residual.regression)
         if residual.spread is not None:
             expanded["residual"]["spread"] = residual.spread
             expanded["residual"]["spread_power"] = residual.spread_power

@@ -14,6 +14,13 @@ stray from the interpolation of the other sources today (the sub-grid spread the
 prediction's std, so a model trained on calm days widens its intervals on a day of sharp contrasts instead of
 staying as sure as it was in training.
 
+``regression: {sources: [grid], grid: {...}}`` adds what a per-station regression on the surrounding coarse blocks
+(model output statistics, MOS) adds: a linear correction from the local shape of the coarse field around the target
+(its kernel-weighted gradients and curvatures), with coefficients that are a learned field over a lattice of places,
+not a function of the day's inputs, so they are fitted across all the training days' weather at each place (a
+valley station colder than every block around it, a coastal one that follows its land neighbours) and cannot
+follow one day's pattern into an extrapolation on another.
+
 ``departures: {source: stations, ...}`` adds what optimal interpolation and residual kriging add to a background
 field: each observation's departure from the interpolation at its own location, spread to the targets with a
 learned kernel that shrinks to zero away from the observations, so an observed anomaly (a station 1 K warmer than
@@ -30,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution, Normal
 
+from gridtnp.nn.embeddings import LearnedGridEmbedding
 from gridtnp.nn.neighbours import knn_points
 
 SPREAD_PRIOR_POINTS = 4.0  # pseudo-observations at nu_0 in the spread estimate (see ContextInterpolation's spread)
@@ -58,6 +66,13 @@ class Neighbours(NamedTuple):
     sizes: tuple[int, ...]
     base: Tensor | None = None
     spread: Tensor | None = None
+
+
+def shape_basis(offsets: Tensor) -> Tensor:
+    """``phi(o) = [o_i, o_i^2, o_i o_j (i < j)]`` of offsets ``[..., Dx]`` -> ``[..., P]``, P = Dx (Dx + 3) / 2."""
+    dx = offsets.shape[-1]
+    rows, cols = torch.triu_indices(dx, dx, 1, device=offsets.device)
+    return torch.cat([offsets, offsets.square(), offsets[..., rows] * offsets[..., cols]], -1)
 
 
 class ContextInterpolation(nn.Module):
@@ -96,6 +111,14 @@ class ContextInterpolation(nn.Module):
             units) and ``alpha`` learned.
         spread_power: the initial ``alpha`` of ``spread``: 0 starts without effect, 1 with a std proportional to the
             day's spread.
+        regression: ``{sources: [...], grid: {lower, upper, shape}, lr_scale: 30}``: add
+            ``sum_s a_s (c_s0(x) + sum_p c_sp(x) g_sp)`` to the mean, a per-place linear regression on the local shape
+            of each named source's field (MOS): ``g_sp = sum_j w_j phi_p(o_j) (y_j - m_s)`` over the source's
+            neighbours ``j``, with ``w_j`` their kernel weights within the source, ``m_s`` its weighted mean and
+            ``phi`` the offsets, their squares and products (``shape_basis``), and ``a_s`` the source's weight share
+            (so an observed station's own value is left as it is). The coefficients ``c(x)`` are a
+            ``LearnedGridEmbedding`` on ``grid`` (zero at initialisation, learning rate times ``lr_scale``): they
+            depend on the place only, never on the day's inputs.
         departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}``: add the departures ``d_j = y_j - m(x_j)`` of
             the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
             ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
@@ -117,6 +140,7 @@ class ContextInterpolation(nn.Module):
         dim_x: int = 2,
         spread: str | None = None,
         spread_power: float = 0.0,
+        regression: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         sources = [sources] if isinstance(sources, str) else list(sources)
@@ -164,6 +188,30 @@ class ContextInterpolation(nn.Module):
         if self.direction is not None:
             nn.init.zeros_(self.direction.weight)
             nn.init.zeros_(self.direction.bias)
+        self.regression = None if regression is None else self._regression(regression)
+        if self.regression is not None:
+            terms = len(self.regression["sources"]) * (1 + dim_x * (dim_x + 3) // 2) * dim_y
+            grid, lr_scale = self.regression["grid"], self.regression["lr_scale"]
+            self.coefficients = LearnedGridEmbedding(dim_x, grid, terms, init_std=0.0, lr_scale=lr_scale)
+
+    def _regression(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The checked ``regression`` spec with its defaults filled in."""
+        allowed = {"sources", "grid", "lr_scale"}
+        if not isinstance(spec, dict) or "grid" not in spec or set(spec) - allowed:
+            raise ValueError(
+                "residual: regression must be a mapping with 'grid' (the lattice of its coefficients) and optionally "
+                f"sources and lr_scale (e.g. {{sources: [grid], grid: {{lower: [...], upper: [...], shape: [...]}}, "
+                f"lr_scale: 30}}); got {spec!r}."
+            )
+        out = {"sources": self.sources[:1], "lr_scale": 30.0, **spec}
+        out["sources"] = [out["sources"]] if isinstance(out["sources"], str) else list(out["sources"])
+        if not out["sources"] or set(out["sources"]) - set(self.sources):
+            raise ValueError(
+                f"residual: regression.sources must be some of the interpolated sources {self.sources}; "
+                f"got {out['sources']!r}."
+            )
+        out["lr_scale"] = number(out["lr_scale"], "regression.lr_scale")
+        return out
 
     def _departures(self, spec: dict[str, Any], source_dims: dict[str, int]) -> dict[str, Any]:
         """The checked ``departures`` spec with its defaults filled in."""
@@ -205,7 +253,9 @@ class ContextInterpolation(nn.Module):
         """
         near = self._neighbours(context, xt)
         mean, share = self._weighted(near)
-        near = near._replace(base=mean)
+        near = near._replace(base=mean)  # adapt reweights the neighbours of this, without the regression
+        if self.regression is not None:
+            mean = mean + self._regress(near, share, xt)
         if self.spread is not None:
             near = near._replace(spread=self._spread_factor(context))
         if self.departures is None:
@@ -229,6 +279,30 @@ class ContextInterpolation(nn.Module):
         spread = (lam.unsqueeze(-1) * dn).sum(-2)  # [B, Nt, Dy]
         spread_sq = (lam.unsqueeze(-1) * dn.square()).sum(-2)
         return mean + spread, torch.cat([share, lam.sum(-1, keepdim=True), spread, spread_sq], -1), near
+
+    def _regress(self, near: Neighbours, share: Tensor, xt: Tensor) -> Tensor:
+        """The per-place regression's correction ``[B, Nt, Dy]`` (see ``regression``)."""
+        b, nt, dy = *xt.shape[:2], self.dim_y
+        terms = []
+        parts = zip(
+            near.logits.split(near.sizes, -1),
+            near.values.split(near.sizes, -2),
+            near.offsets.split(near.sizes, -2),
+            share.unbind(-1),
+            self.sources,
+            strict=True,
+        )
+        for logits, values, offsets, a, source in parts:
+            if source not in self.regression["sources"]:
+                continue
+            w = torch.softmax(logits, -1).nan_to_num(0.0).unsqueeze(-1)  # [B, Nt, k, 1], within the source
+            departure = values - (w * values).sum(-2, keepdim=True)  # [B, Nt, k, Dy]
+            phi = shape_basis(offsets.to(values.dtype))  # [B, Nt, k, P]
+            g = torch.einsum("btkp,btky->btpy", w * phi, departure)  # [B, Nt, P, Dy]
+            terms.append(a[..., None, None] * torch.cat([torch.ones_like(g[..., :1, :]), g], -2))
+        features = torch.cat(terms, -2)  # [B, Nt, S' (1 + P), Dy]
+        coefficients = self.coefficients(xt).view(b, nt, -1, dy).to(features.dtype)
+        return (coefficients * features).sum(-2)
 
     def _spread_factor(self, context: dict[str, tuple[Tensor, Tensor, Tensor]]) -> Tensor:
         """The std factor ``(nu / nu_0)^alpha`` ``[B, 1, 1]`` of each task (see ``spread``)."""
