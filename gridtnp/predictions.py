@@ -266,6 +266,14 @@ def predict(
     as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
+    if (getattr(module, "data_metadata", None) or {}).get("climatology") and (stats is None or target_stats is None):
+        raise ConfigError(
+            "predict: this checkpoint was trained on departures from the hourly climatology of its training dates "
+            "(StationReanalysisDataModule climatology: true), which it does not keep, so raw values cannot be "
+            "normalised from it. Subtract that climatology yourself and pass stats={source: (0.0, std)} and "
+            "target_stats=(0.0, std) (then add it back to the mean), or predict with `gridtnp predict` and the "
+            "DataModule."
+        )
     saved, saved_targets, target_attrs = checkpoint_statistics(module)
     obs = {}
     for name, array in context.items():

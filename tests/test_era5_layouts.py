@@ -8,10 +8,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
 from gridtnp.data.era5.blocks import BlockLayout, draw_layouts
+from gridtnp.data.store import normalisation_stats, open_store
+from gridtnp.predictions import predict
 from gridtnp.registry import ConfigError
-from tests.test_era5 import LAT, LON, datamodule, field, make_store, unnormalise, write_stations
+from tests.test_era5 import (
+    LAT,
+    LON,
+    datamodule,
+    expected_t2m,
+    field,
+    make_store,
+    unnormalise,
+    write_stations,
+)
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +168,39 @@ def test_time_features_add_the_hour_of_day_to_every_block(store: str, stations: 
     np.testing.assert_allclose(grid.y[..., 1:].numpy(), np.where(grid.mask[..., None].numpy(), want, 0), atol=1e-6)
     plain = next(iter(datamodule(store, stations).train_dataloader())).context["grid"]
     torch.testing.assert_close(grid.y[..., :1], plain.y)
+
+
+def test_climatology_gives_departures_and_predictions_add_it_back(store: str, stations: str) -> None:
+    # t2m = 200 + lat + 0.1 lon + 0.01 hour; the training dates are hours 0-47, so the climatology of hour of day h
+    # is 200 + lat + 0.1 lon + 0.01 (h + 12), and a test hour (72 + h) departs from it by 0.6 K everywhere.
+    dm = datamodule(store, stations, climatology=True)
+    plain = datamodule(store, stations)
+    batch, reference = next(iter(dm.test_dataloader())), next(iter(plain.test_dataloader()))
+    std = normalisation_stats(open_store(dm.store_path()), "t2m")[1]
+    target, grid = batch.target, batch.context["grid"]
+    np.testing.assert_allclose(target.y[target.mask].double().numpy() * std, 0.6, atol=1e-4)
+    np.testing.assert_allclose(grid.y[grid.mask].double().numpy() * std, 0.6, atol=1e-4)
+    # The coarse-cell baseline stays the error of the values' blocks, not of the departures'.
+    torch.testing.assert_close(batch.extras["coarse_sq_err"], reference.extras["coarse_sq_err"])
+    assert dm.variable_metadata()["climatology"] is True and "climatology" not in plain.variable_metadata()
+    # gridtnp predict: a perfect departure comes back as the store's value at each station and hour.
+    loader = dm.predict_dataloader()
+    outputs = []
+    for b in loader:
+        outputs.append(
+            {"mean": b.target.y, "std": torch.ones_like(b.target.y), "y": b.target.y, "mask": b.target.mask, **b.extras}
+        )
+    ds = dm.predictions_to_xarray(outputs)
+    hours = (ds.time.values - np.datetime64("2020-01-01T00")) / np.timedelta64(1, "h")
+    want = expected_t2m(ds.latitude.values[None], ds.longitude.values[None], hours[:, None])
+    np.testing.assert_allclose(ds["mean"].values, want, atol=1e-3)
+    np.testing.assert_allclose(ds["observed"].values, want, atol=1e-3)
+
+
+def test_a_climatology_checkpoint_refuses_raw_inputs() -> None:
+    module = torch.nn.Module()
+    module.model = torch.nn.Linear(1, 1)
+    module.data_metadata = {"climatology": True, "variables": {}}
+    field = xr.DataArray(np.zeros((2, 2)), coords={"latitude": [50.0, 51.0], "longitude": [0.0, 1.0]})
+    with pytest.raises(ConfigError, match="departures from the hourly climatology"):
+        predict(module, {"grid": field}, field)

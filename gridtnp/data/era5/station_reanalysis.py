@@ -95,6 +95,14 @@ class StationReanalysisDataModule(ERA5DataModule):
             for a year of validation hours).
         time_features: append (sin, cos) of the target hour's hour of day (UTC) to every grid block's values
             (``dim_y["grid"]`` grows by 2): the diurnal cycle shapes sub-grid detail (land, sea, hills).
+        climatology: give every value as its departure from the climatology of its grid point and UTC hour of day
+            (the mean over the training dates' hours at that hour, computed from the store at ``setup``), scaled by
+            the variable's std. The coarse blocks then average departures, so where a block's edges fall (how much
+            sea or hill it takes in) no longer shifts its value, and a station's departure from its block is more
+            alike from day to day. Metrics are unchanged in meaning (a known per-target reference cancels in errors;
+            the coarse-cell baseline stays that of the values); ``gridtnp predict`` adds the climatology back.
+            A checkpoint trained so is refused by ``gridtnp.predictions.predict`` (it cannot subtract the
+            climatology from raw inputs); predict through the DataModule instead.
         seed: base seed of every split.
         num_workers: DataLoader workers (each opens its own handle on the store).
         cache_chunks: time chunks per variable kept in memory in each process.
@@ -136,6 +144,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         eval_draws: int = 1,
         eval_stride: int = 1,
         time_features: bool = False,
+        climatology: bool = False,
         seed: int = 0,
         num_workers: int = 0,
         cache_chunks: int = 8,
@@ -191,7 +200,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         self.stations = stations
         self.station_variable, self.grid_variables = station_variable, list(grid_variables)
         self.targets, self.eval_draws, self.eval_stride = targets, eval_draws, eval_stride
-        self.time_features = bool(time_features)
+        self.time_features, self.climatology = bool(time_features), bool(climatology)
         self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
         self.time_offset_hours = time_offset_hours
         self.cache_chunks, self.unique_grid_points = cache_chunks, unique_grid_points
@@ -275,7 +284,35 @@ class StationReanalysisDataModule(ERA5DataModule):
             self.context_fraction,
             self.targets,
             (time.hour + time.minute / 60.0).to_numpy(np.float64) if self.time_features else None,
+            self.hourly_climatology(ds, variables, path) if self.climatology else None,
+            time.hour.to_numpy(np.int64),
         )
+
+    def hourly_climatology(self, ds: xr.Dataset, variables: Sequence[str], path: str) -> dict[str, np.ndarray]:
+        """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours."""
+        hours = self.splits["train"].target_time
+        hour_of_day = ds.indexes["time"].hour.to_numpy()[hours]
+        missing = sorted(set(range(24)) - set(hour_of_day.tolist()))
+        if missing:
+            start, end = self.dates["train"]
+            raise DataError(
+                f"{path}: climatology needs every hour of day among the training hours ({start} to {end}); hours "
+                f"{missing} have none. Use a store with hourly data or set climatology: false."
+            )
+        out = {}
+        for v in variables:
+            field = ds[v].isel(time=xr.DataArray(hours, dims="time"))
+            field = field.assign_coords(time=("time", hour_of_day)).groupby("time").mean().values  # [24, H, W]
+            out[v] = field.reshape(24, -1).astype(np.float32)
+        return out
+
+    def variable_metadata(self) -> dict[str, Any] | None:
+        """The ERA5 DataModules' record (``ERA5DataModule.variable_metadata``), with ``climatology: true`` when the
+        values are departures from the training dates' hourly climatology."""
+        metadata = super().variable_metadata()
+        if metadata is not None and self.climatology:
+            metadata = {**metadata, "climatology": True}
+        return metadata
 
     def predict_points(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The ``predict_resolution`` grid over the store's box: ``(lat [H], lon [W])``, or None (stations)."""
@@ -320,9 +357,32 @@ class StationReanalysisDataModule(ERA5DataModule):
             float(self.task.station_std),
         )
         attrs = {"predict_split": self.predict_split, "predict_context_fraction": self.predict_context_fraction}
+        if self.climatology:  # departures -> values: add the climatology back, in the normalised units
+            outputs = [self._add_climatology(o, variable) for o in outputs]
         return station_predictions(
             outputs, self.time_axis, variable, self.station_table, self.predict_points(), self.store_path(), attrs
         )
+
+    def _add_climatology(self, output: dict[str, torch.Tensor], variable: Variable) -> dict[str, torch.Tensor]:
+        """A predict batch's ``mean`` and ``y`` ``[B, P, 1]`` with the climatology at its hours and points added, in
+        the units ``variable``'s mean and std normalise."""
+        assert self.task is not None
+        points = self.predict_points()
+        if points is None:
+            flat = self.task.station_flat
+        else:  # the nearest grid point of each prediction point
+            lat, lon = (np.meshgrid(*points, indexing="ij")[i].ravel() for i in (0, 1))
+            grid_lat, grid_lon = self.box
+            rows = np.abs(lat[:, None] - grid_lat[None]).argmin(1)
+            cols = np.abs(lon[:, None] - grid_lon[None]).argmin(1)
+            flat = rows * len(grid_lon) + cols
+        reference = self.task.reference(self.station_variable, output["hour"].numpy(), flat)  # [B, P]
+        shift = torch.from_numpy((reference - variable.mean) / variable.std).unsqueeze(-1)
+        out = dict(output)
+        for key in ("mean", "y"):
+            if key in out:
+                out[key] = out[key] + shift.to(out[key].dtype)
+        return out
 
     def split_task(self, name: str) -> SplitTask:
         """The task generator of split ``name``, reading only that split's hours."""

@@ -43,6 +43,8 @@ class StationReanalysisTask:
         context_fraction: tuple[float, float],
         targets: str,
         hour_of_day: np.ndarray | None = None,
+        climatology: dict[str, np.ndarray] | None = None,
+        hour_index: np.ndarray | None = None,
     ) -> None:
         self.cache, self.grid_variables, self.station_variable = cache, list(grid_variables), station_variable
         self.mean = np.array([stats[v][0] for v in self.grid_variables], dtype=np.float32)
@@ -59,10 +61,25 @@ class StationReanalysisTask:
         self.station_x = np.stack([self.lat[station_index[0]], self.lon[station_index[1]]], -1).astype(np.float32)
         self.layouts, self.context_fraction, self.targets = layouts, context_fraction, targets
         self.hour_of_day = hour_of_day  # [T] hour of day (fractional) of each store time, or None
+        # {variable: [24, H * W]} mean of each UTC hour of day over the training dates, and [T] each time's hour:
+        # values are then departures from it (the DataModule's ``climatology``).
+        self.climatology, self.hour_index = climatology, hour_index
+        if climatology is not None and hour_index is None:
+            raise ValueError("StationReanalysisTask: a climatology needs the hour of day of every time (hour_index).")
 
     @property
     def num_stations(self) -> int:
         return self.station_x.shape[0]
+
+    def reference(self, variable: str, hours: np.ndarray, flat: np.ndarray | None = None) -> np.ndarray | float:
+        """What a value of ``variable`` is a departure from before scaling: its climatology at the store times
+        ``hours [B]`` on the flat grid points ``flat`` (all: ``[B, H * W]``; else ``[B, len(flat)]``), or, without a
+        climatology, its mean (a float)."""
+        if self.climatology is None:
+            i = self.grid_variables.index(variable) if variable in self.grid_variables else None
+            return float(self.mean[i]) if i is not None else float(self.station_mean)
+        field = self.climatology[variable][self.hour_index[hours]]  # [B, H * W]
+        return field if flat is None else field[:, flat]
 
     def sample(
         self,
@@ -96,23 +113,30 @@ class StationReanalysisTask:
             requests.append((self.station_variable, t_grid))
         fields = [f.reshape(b, -1) for f in self.cache.read(requests)]  # [B, H * W] each
         n_grid = len(self.grid_variables)
-        coarse = layout.means(np.stack(fields[:n_grid] if baseline_in_grid else [*fields[:n_grid], fields[-1]], -1))
-        coarse_station = coarse[..., self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
-        coarse = coarse[..., :n_grid]  # [B, G, V] the grid variables at the grid time, block means
+        station_at_grid_time = fields[self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
+        # Departures from each grid point's own reference (its climatology at that hour, or the variable's mean)
+        # before the blocks average them: a block's share of sea or hill then no longer shifts its value.
+        grid_fields = [f - self.reference(v, t_grid) for f, v in zip(fields[:n_grid], self.grid_variables, strict=True)]
+        coarse = layout.means(np.stack([*grid_fields, station_at_grid_time], -1))
+        coarse_station = coarse[..., -1]  # [B, G] the station variable at the grid time, in its units
+        coarse = coarse[..., :n_grid]  # [B, G, V] the grid variables at the grid time, block means of departures
 
         # On-the-grid context: every block of the task's layout, at the mean of its points' coordinates,
         # normalised; blocks with a NaN in any variable (or padding beyond a task's block count) are masked out.
         grid_x = layout.coordinates(self.lat, self.lon)  # [B, G, 2]
-        y_grid = ((coarse - self.mean) / self.std).astype(np.float32)
+        y_grid = (coarse / self.std).astype(np.float32)
         grid_ok = np.isfinite(y_grid).all(-1) & layout.exists
         if self.hour_of_day is not None:  # (sin, cos) of the target's hour of day on every block: [B, G, 2]
             angle = 2 * np.pi * self.hour_of_day[t_target] / 24.0
             clock = np.stack([np.sin(angle), np.cos(angle)], -1).astype(np.float32)
             y_grid = np.concatenate([y_grid, np.broadcast_to(clock[:, None], (*y_grid.shape[:2], 2))], -1)
         rows = np.arange(b)[:, None]
-        station_y = (fields[n_grid][:, self.station_flat] - self.station_mean) / self.station_std  # [B, S]
+        station_value = fields[n_grid][:, self.station_flat]  # [B, S]
+        reference = self.reference(self.station_variable, t_target, self.station_flat)
+        station_y = (station_value - reference) / self.station_std  # [B, S]
         station_ok = np.isfinite(station_y)
-        baseline = (coarse_station[rows, layout.block_of(self.station_flat)] - self.station_mean) / self.station_std
+        # Normalised error of predicting each station by its coarse cell's value (not its departure).
+        baseline_err = (coarse_station[rows, layout.block_of(self.station_flat)] - station_value) / self.station_std
 
         # Off-the-grid context: the first n_ctx stations of each task's order; targets: the rest, or every station.
         width_c = max(int(n_ctx.max()), 1)
@@ -152,7 +176,7 @@ class StationReanalysisTask:
             target = masked_observations(x_t, np.zeros((b, p, 1), np.float32), np.ones((b, p), bool), "target")
             return Batch(context, target, extras)
         y_t = np.take_along_axis(station_y, idx_t, 1)
-        coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline, idx_t, 1) - y_t, 0.0) ** 2  # [B, Nt]
+        coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline_err, idx_t, 1), 0.0) ** 2  # [B, Nt]
         target = masked_observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
         extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
         is_context = np.zeros((b, s), dtype=bool)
