@@ -366,6 +366,14 @@ def test_regression_adds_the_place_coefficients_times_the_local_shape():
         ["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, **kwargs, regression={"grid": LATTICE}
     )
     assert interp.regression["sources"] == ["coarse"]  # default: the first interpolated source
+    assert "lengthscale" not in interp.regression  # default: the interpolation's, shared
+    interp = ContextInterpolation(
+        ["coarse", "stations"],
+        1,
+        {"coarse": 1, "stations": 1},
+        **kwargs,
+        regression={"grid": LATTICE, "lengthscale": 2},
+    )
     xt = torch.tensor([[[1.0, -1.0]]])
     torch.testing.assert_close(interp(context, xt)[0], plain(context, xt)[0])  # zero at initialisation
     row = torch.tensor([0.3, 1.0, -0.5, 0.2, 0.4, -0.7])  # c_0 and the 5 shape coefficients
@@ -375,9 +383,9 @@ def test_regression_adds_the_place_coefficients_times_the_local_shape():
     points = coarse[2][0].nonzero().flatten()
     d2 = (xt[0, 0] - coarse[0][0, points]).square().sum(-1)
     near = d2.argsort()[:3]
-    w = torch.softmax(-0.5 * d2[near] / 1.5**2, 0)
+    w = torch.softmax(-0.5 * d2[near] / 2.0**2, 0)  # the regression's own lengthscale, 2
     y = coarse[1][0, points[near], 0]
-    phi = shape_basis((coarse[0][0, points[near]] - xt[0, 0]) / 1.5)  # [3, 5]
+    phi = shape_basis((coarse[0][0, points[near]] - xt[0, 0]) / 2.0)  # [3, 5]
     g = (w[:, None] * phi * (y - (w * y).sum())[:, None]).sum(0)
     expected = plain(context, xt)[0] + share[..., :1] * (row[0] + (row[1:] * g).sum())
     torch.testing.assert_close(mean, expected)
@@ -412,6 +420,8 @@ def test_regression_leaves_observed_stations_and_round_trips():
         ({"sources": ["grid"], "regression": {"grid": LATTICE, "order": 2}}, "regression must be a mapping"),
         ({"sources": ["grid"], "regression": {"grid": LATTICE, "sources": ["stations"]}}, "regression.sources"),
         ({"sources": ["grid"], "regression": {"grid": LATTICE, "lr_scale": 0}}, "regression.lr_scale must be"),
+        ({"sources": ["grid"], "regression": {"grid": LATTICE, "lengthscale": -1}}, "regression.lengthscale of"),
+        ({"sources": ["grid"], "regression": {"grid": LATTICE, "lengthscale": {"x": 1}}}, "one number or one per"),
     ):
         with pytest.raises(ConfigError, match=match):
             residual_model(bad)

@@ -115,7 +115,10 @@ class ContextInterpolation(nn.Module):
             ``sum_s a_s (c_s0(x) + sum_p c_sp(x) g_sp)`` to the mean, a per-place linear regression on the local shape
             of each named source's field (MOS): ``g_sp = sum_j w_j phi_p(o_j) (y_j - m_s)`` over the source's
             neighbours ``j``, with ``w_j`` their kernel weights within the source, ``m_s`` its weighted mean and
-            ``phi`` the offsets, their squares and products (``shape_basis``), and ``a_s`` the source's weight share
+            ``phi`` the offsets, their squares and products (``shape_basis``), both in units of the regression's own
+            learned lengthscale if ``lengthscale`` (one, or one per source) is given, else the interpolation's (a
+            wider one lets the farther neighbours shape the gradients and curvatures), and ``a_s`` the source's
+            weight share
             (so an observed station's own value is left as it is). The coefficients ``c(x)`` are a
             ``LearnedGridEmbedding`` on ``grid`` (zero at initialisation, learning rate times ``lr_scale``): they
             depend on the place only, never on the day's inputs.
@@ -193,15 +196,19 @@ class ContextInterpolation(nn.Module):
             terms = len(self.regression["sources"]) * (1 + dim_x * (dim_x + 3) // 2) * dim_y
             grid, lr_scale = self.regression["grid"], self.regression["lr_scale"]
             self.coefficients = LearnedGridEmbedding(dim_x, grid, terms, init_std=0.0, lr_scale=lr_scale)
+            own = self.regression.get("lengthscale")  # else the interpolation's lengthscales, shared
+            self.log_regression_lengthscale = (
+                None if own is None else nn.Parameter(torch.tensor([own[s] for s in self.regression["sources"]]).log())
+            )
 
     def _regression(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The checked ``regression`` spec with its defaults filled in."""
-        allowed = {"sources", "grid", "lr_scale"}
+        allowed = {"sources", "grid", "lr_scale", "lengthscale"}
         if not isinstance(spec, dict) or "grid" not in spec or set(spec) - allowed:
             raise ValueError(
                 "residual: regression must be a mapping with 'grid' (the lattice of its coefficients) and optionally "
-                f"sources and lr_scale (e.g. {{sources: [grid], grid: {{lower: [...], upper: [...], shape: [...]}}, "
-                f"lr_scale: 30}}); got {spec!r}."
+                f"sources, lr_scale and lengthscale (e.g. {{sources: [grid], grid: {{lower: [...], upper: [...], "
+                f"shape: [...]}}, lr_scale: 30, lengthscale: 0.75}}); got {spec!r}."
             )
         out = {"sources": self.sources[:1], "lr_scale": 30.0, **spec}
         out["sources"] = [out["sources"]] if isinstance(out["sources"], str) else list(out["sources"])
@@ -211,6 +218,16 @@ class ContextInterpolation(nn.Module):
                 f"got {out['sources']!r}."
             )
         out["lr_scale"] = number(out["lr_scale"], "regression.lr_scale")
+        if "lengthscale" not in out:
+            return out
+        scale = out["lengthscale"]
+        scales = dict(scale) if isinstance(scale, dict) else dict.fromkeys(out["sources"], scale)
+        if set(scales) != set(out["sources"]):
+            raise ValueError(
+                f"residual: regression.lengthscale must be one number or one per source {out['sources']}; "
+                f"got {scale!r}."
+            )
+        out["lengthscale"] = {s: number(v, f"regression.lengthscale of {s!r}") for s, v in scales.items()}
         return out
 
     def _departures(self, spec: dict[str, Any], source_dims: dict[str, int]) -> dict[str, Any]:
@@ -292,9 +309,13 @@ class ContextInterpolation(nn.Module):
             self.sources,
             strict=True,
         )
-        for logits, values, offsets, a, source in parts:
+        for i, (logits, values, offsets, a, source) in enumerate(parts):
             if source not in self.regression["sources"]:
                 continue
+            if self.log_regression_lengthscale is not None:  # offsets and Gaussian weights under its own lengthscale
+                j = self.regression["sources"].index(source)
+                offsets = offsets * torch.exp(self.log_lengthscale[i] - self.log_regression_lengthscale[j])
+                logits = torch.where(torch.isfinite(logits), -0.5 * offsets.square().sum(-1), float("-inf"))
             w = torch.softmax(logits, -1).nan_to_num(0.0).unsqueeze(-1)  # [B, Nt, k, 1], within the source
             departure = values - (w * values).sum(-2, keepdim=True)  # [B, Nt, k, Dy]
             phi = shape_basis(offsets.to(values.dtype))  # [B, Nt, k, P]
