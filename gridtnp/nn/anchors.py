@@ -115,13 +115,12 @@ class ContextInterpolation(nn.Module):
             ``sum_s a_s (c_s0(x) + sum_p c_sp(x) g_sp)`` to the mean, a per-place linear regression on the local shape
             of each named source's field (MOS): ``g_sp = sum_j w_j phi_p(o_j) (y_j - m_s)`` over the source's
             neighbours ``j``, with ``w_j`` their kernel weights within the source, ``m_s`` its weighted mean and
-            ``phi`` the offsets, their squares and products (``shape_basis``), both in units of the regression's own
-            learned lengthscale if ``lengthscale`` (one, or one per source) is given, else the interpolation's (a
-            wider one lets the farther neighbours shape the gradients and curvatures), and ``a_s`` the source's
-            weight share
-            (so an observed station's own value is left as it is). The coefficients ``c(x)`` are a
-            ``LearnedGridEmbedding`` on ``grid`` (zero at initialisation, learning rate times ``lr_scale``): they
-            depend on the place only, never on the day's inputs.
+            ``phi`` the offsets, their squares and products (``shape_basis``), both under the regression's own
+            learned lengthscale if ``lengthscale`` (one, or one per source) is given, else under the
+            interpolation's (a wider one lets the farther neighbours shape the gradients and curvatures), and
+            ``a_s`` the source's weight share (so an observed station's own value is left as it is). The
+            coefficients ``c(x)`` are a ``LearnedGridEmbedding`` on ``grid`` (zero at initialisation, learning rate
+            times ``lr_scale``): they depend on the place only, never on the day's inputs.
         departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}``: add the departures ``d_j = y_j - m(x_j)`` of
             the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
             ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
