@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 import xarray as xr
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -236,6 +237,88 @@ def _observations(
     return Observations(xs, torch.from_numpy(y.astype(np.float32)).unsqueeze(-1))
 
 
+def _departures(
+    module: Any,
+    context: Mapping[str, xr.DataArray],
+    targets: xr.DataArray | xr.Dataset,
+    coords: Sequence[str],
+    batch_dim: str | None,
+) -> tuple[dict[str, xr.DataArray], np.ndarray]:
+    """For a checkpoint trained on departures from an hourly climatology (``StationReanalysisDataModule
+    climatology: true``): each context array minus the climatology at its time and points, and the target
+    variables' climatology at the targets ``[B, N, Dy]``.
+
+    A gridded source (``coords`` both dimensions of the array) takes the mean of the climatology over each point's
+    cell (half its spacing either side, as a coarse block averages its fine points); other points take the nearest
+    grid point's value. The hour of day comes from a ``time`` coordinate (along ``batch_dim``, or a scalar).
+    """
+    meta = module.data_metadata
+    climatology, sources = meta["climatology"], meta.get("sources", {})
+    if not isinstance(climatology, dict) or "variables" not in climatology:
+        raise ConfigError(
+            "predict: this checkpoint was trained on departures from an hourly climatology but does not keep it (it "
+            "predates gridtnp saving it): predict with `gridtnp predict` and the DataModule, or subtract the "
+            "climatology yourself and pass stats={source: (0.0, std)} and target_stats=(0.0, std)."
+        )
+    grid = (np.asarray(climatology["latitude"]), np.asarray(climatology["longitude"]))
+    fields = {name: np.asarray(field, dtype=np.float64) for name, field in climatology["variables"].items()}
+    first = next(iter(context.values()))
+    time = first.coords.get("time")
+    if time is None or (time.ndim and (batch_dim is None or time.dims != (batch_dim,))):
+        raise ConfigError(
+            "predict: this checkpoint was trained on departures from the hourly climatology of its training dates, "
+            "so the context needs its time: a scalar `time` coordinate, or one along batch_dim "
+            f"({batch_dim!r}), on {next(iter(context))!r}."
+        )
+    hours = np.atleast_1d(pd.DatetimeIndex(np.atleast_1d(time.values)).hour.to_numpy())  # [B] or [1]
+    out = {}
+    for name, array in context.items():
+        names = sources.get(name, [])
+        if len(names) != 1 or names[0] not in fields:
+            raise ConfigError(f"predict: the checkpoint's climatology has no field for context {name!r} ({names}).")
+        reference = _cell_means(fields[names[0]][hours], grid, array, coords)  # [B, ...] over the array's points
+        lead = [] if batch_dim is None else [batch_dim]
+        dims = [d for d in array.dims if d not in lead]
+        gridded = all(c in array.dims for c in coords)
+        dims = [d for d in dims if d in coords] if gridded else dims
+        sizes = [array.sizes[d] for d in dims]
+        data = reference.reshape(len(hours), *sizes)
+        ref = xr.DataArray(data if lead else data[0], dims=lead + dims)
+        out[name] = (array - ref).transpose(*array.dims).assign_attrs(array.attrs)
+    points = _points(_template(targets, coords), coords, "targets")  # [N, Dx]
+    rows, cols = (np.abs(points[:, i, None] - grid[i][None]).argmin(1) for i in (0, 1))
+    target_names = meta.get("target", [])
+    per_output = [fields[v][hours][:, rows, cols] for v in target_names if v in fields]  # [B, N] each
+    if len(per_output) != len(target_names):
+        raise ConfigError(f"predict: the checkpoint's climatology lacks a target variable of {target_names}.")
+    reference_t = np.stack(per_output, -1)
+    b = first.sizes[batch_dim] if batch_dim is not None else 1
+    return out, np.broadcast_to(reference_t, (b, *reference_t.shape[1:]))
+
+
+def _cell_means(
+    field: np.ndarray, grid: tuple[np.ndarray, np.ndarray], array: xr.DataArray, coords: Sequence[str]
+) -> np.ndarray:
+    """``field [B, H, W]`` on ``grid`` (lat, lon) at the points of ``array``: ``[B, n_lat, n_lon]`` cell means for a
+    gridded array (both ``coords`` are its dimensions), else ``[B, N]`` at the nearest grid point of each point."""
+    if all(c in array.dims and array.sizes[c] > 1 for c in coords):
+        maps = []
+        for c, fine in zip(coords, grid, strict=True):
+            centre = np.asarray(array[c].values, dtype=np.float64)
+            half = np.abs(np.diff(centre)).min() / 2
+            inside = (fine[None] >= centre[:, None] - half) & (fine[None] < centre[:, None] + half)  # [n, H or W]
+            nearest = np.abs(fine[None] - centre[:, None]).argmin(1)
+            inside[np.arange(len(centre)), nearest] |= ~inside.any(1)  # a cell beyond the grid: its nearest point
+            maps.append(inside / inside.sum(1, keepdims=True))
+        out = np.einsum("ih,bhw,jw->bij", maps[0], field, maps[1])
+        order = [d for d in array.dims if d in coords]
+        return out if order == list(coords) else out.transpose(0, 2, 1)  # in the array's order of the two
+    lat = np.atleast_1d(np.asarray(array[coords[0]].values, dtype=np.float64)).ravel()
+    lon = np.atleast_1d(np.asarray(array[coords[1]].values, dtype=np.float64)).ravel()
+    rows, cols = (np.abs(v[:, None] - g[None]).argmin(1) for v, g in ((lat, grid[0]), (lon, grid[1])))
+    return field[:, rows, cols]
+
+
 @torch.no_grad()
 def predict(
     module: torch.nn.Module,
@@ -266,15 +349,14 @@ def predict(
     as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
-    if (getattr(module, "data_metadata", None) or {}).get("climatology") and (stats is None or target_stats is None):
-        raise ConfigError(
-            "predict: this checkpoint was trained on departures from the hourly climatology of its training dates "
-            "(StationReanalysisDataModule climatology: true), which it does not keep, so raw values cannot be "
-            "normalised from it. Subtract that climatology yourself and pass stats={source: (0.0, std)} and "
-            "target_stats=(0.0, std) (then add it back to the mean), or predict with `gridtnp predict` and the "
-            "DataModule."
-        )
     saved, saved_targets, target_attrs = checkpoint_statistics(module)
+    climatology = (getattr(module, "data_metadata", None) or {}).get("climatology")
+    target_reference = None
+    if climatology and stats is None and target_stats is None:
+        # Trained on departures from an hourly climatology: subtract it from the context, add it back to the mean.
+        context, target_reference = _departures(module, context, targets, coords, batch_dim)
+        saved = {name: (0.0, std) for name, (_, std) in saved.items()}
+        saved_targets = [(0.0, std) for _, std in saved_targets]
     obs = {}
     for name, array in context.items():
         given = (stats or {}).get(name)
@@ -304,6 +386,8 @@ def predict(
         offset, factor = np.array([o[0] for o in outputs]), np.array([o[1] for o in outputs])
         mean, std = mean * factor + offset, std * factor
         attrs = target_attrs if target_stats is None and len(target_attrs) == mean.shape[-1] else attrs
+    if target_reference is not None:
+        mean = mean + target_reference
     lead = [] if batch_dim is None else [batch_dim]
     shape = [b] * bool(batch_dim) + [template.sizes[d] for d in template.dims]
     dims = lead + list(template.dims)

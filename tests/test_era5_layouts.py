@@ -182,7 +182,13 @@ def test_climatology_gives_departures_and_predictions_add_it_back(store: str, st
     np.testing.assert_allclose(grid.y[grid.mask].double().numpy() * std, 0.6, atol=1e-4)
     # The coarse-cell baseline stays the error of the values' blocks, not of the departures'.
     torch.testing.assert_close(batch.extras["coarse_sq_err"], reference.extras["coarse_sq_err"])
-    assert dm.variable_metadata()["climatology"] is True and "climatology" not in plain.variable_metadata()
+    kept = dm.variable_metadata()["climatology"]  # what a checkpoint keeps, for predict() without the store
+    assert "climatology" not in plain.variable_metadata()
+    np.testing.assert_allclose(kept["latitude"].numpy(), LAT)
+    np.testing.assert_allclose(kept["longitude"].numpy(), LON)
+    hour_of_day = np.arange(24)[:, None, None]
+    want = 200.0 + LAT[None, :, None] + 0.1 * LON[None, None, :] + 0.01 * (hour_of_day + 12)
+    np.testing.assert_allclose(kept["variables"]["t2m"].numpy(), want, atol=1e-4)
     # gridtnp predict: a perfect departure comes back as the store's value at each station and hour.
     loader = dm.predict_dataloader()
     outputs = []
@@ -197,10 +203,10 @@ def test_climatology_gives_departures_and_predictions_add_it_back(store: str, st
     np.testing.assert_allclose(ds["observed"].values, want, atol=1e-3)
 
 
-def test_a_climatology_checkpoint_refuses_raw_inputs() -> None:
+def test_a_checkpoint_without_its_climatology_refuses_raw_inputs() -> None:
     module = torch.nn.Module()
     module.model = torch.nn.Linear(1, 1)
-    module.data_metadata = {"climatology": True, "variables": {}}
+    module.data_metadata = {"climatology": True, "variables": {}}  # a checkpoint that says so but lacks the field
     field = xr.DataArray(np.zeros((2, 2)), coords={"latitude": [50.0, 51.0], "longitude": [0.0, 1.0]})
-    with pytest.raises(ConfigError, match="departures from the hourly climatology"):
+    with pytest.raises(ConfigError, match="departures from an hourly climatology but does not keep it"):
         predict(module, {"grid": field}, field)

@@ -182,14 +182,19 @@ def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
     assert saved["sources"] == {"grid": ["t2m"], "stations": ["t2m"]} and saved["target"] == ["t2m"]
     t2m = saved["variables"]["t2m"]
     assert t2m["units"] == "K" and 270 < t2m["mean"] < 290 and 0 < t2m["std"] < 20 and t2m["long_name"]
+    # The recipe's values are departures from the training dates' hourly climatology: the checkpoint keeps it.
+    climatology = torch.load(checkpoint, weights_only=True)["gridtnp_data"]["climatology"]
+    clim_lat, clim_lon = climatology["latitude"].numpy(), climatology["longitude"].numpy()
+    clim = climatology["variables"]["t2m"].double().numpy()[12]  # [H, W] at 12 UTC
+    assert climatology["variables"]["t2m"].shape == (24, len(clim_lat), len(clim_lon)) and 270 < clim.mean() < 290
     monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path / "no_store_here"))  # no store, no DataModule
     module = NeuralProcessModule.load_from_checkpoint(checkpoint, map_location="cpu")
     rng = np.random.default_rng(0)
     lat, lon = np.arange(50.5, 58.0, 1.0), np.arange(-9.5, 2.0, 1.0)
-    kelvin = {"units": "K"}
+    kelvin, noon = {"units": "K"}, np.datetime64("2019-03-28T12:00")
     grid = xr.DataArray(
         278 + 3 * rng.standard_normal((len(lat), len(lon))), dims=("latitude", "longitude"),
-        coords={"latitude": lat, "longitude": lon}, attrs=kelvin,
+        coords={"latitude": lat, "longitude": lon, "time": noon}, attrs=kelvin,
     )  # fmt: skip
     stations = xr.DataArray(
         278 + 3 * rng.standard_normal(6), dims=("station",), attrs=kelvin,
@@ -199,16 +204,33 @@ def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
     out = predict(module, {"grid": grid, "stations": stations}, targets)
     assert out["mean"].attrs["units"] == out["std"].attrs["units"] == "K"
     assert 250 < float(out["mean"].mean()) < 300 and float(out["std"].min()) > 0
-    # The same as normalising by hand with the saved statistics and converting back.
-    m, s = t2m["mean"], t2m["std"]
-    by_hand = {"grid": ((grid - m) / s).drop_attrs(), "stations": ((stations - m) / s).drop_attrs()}
+
+    # The same as taking the departures by hand (each 1 degree cell: the mean of its 4 x 4 fine points; a station:
+    # its nearest point), normalising them with the saved std and adding the climatology back at the targets.
+    def nearest(values, axis):
+        return np.abs(np.asarray(values)[:, None] - axis[None]).argmin(1)
+
+    cells = np.zeros((len(lat), len(lon)))
+    for i, a in enumerate(lat):
+        for j, b in enumerate(lon):
+            rows = (clim_lat >= a - 0.5) & (clim_lat < a + 0.5)
+            cols = (clim_lon >= b - 0.5) & (clim_lon < b + 0.5)
+            cells[i, j] = clim[np.ix_(rows, cols)].mean()
+    at_stations = clim[nearest(stations.latitude, clim_lat), nearest(stations.longitude, clim_lon)]
+    s = t2m["std"]
+    by_hand = {"grid": ((grid - cells) / s).drop_attrs(), "stations": ((stations - at_stations) / s).drop_attrs()}
     unit = {"grid": (0.0, 1.0), "stations": (0.0, 1.0)}
-    ref = predict(module, by_hand, targets, stats=unit, target_stats=(m, s))
-    np.testing.assert_allclose(out["mean"].values, ref["mean"].values, rtol=1e-5)
+    ref = predict(module, by_hand, targets, stats=unit, target_stats=(0.0, s))
+    t_lat, t_lon = np.meshgrid(targets.latitude, targets.longitude, indexing="ij")
+    at_targets = clim[nearest(t_lat.ravel(), clim_lat), nearest(t_lon.ravel(), clim_lon)].reshape(t_lat.shape)
+    np.testing.assert_allclose(out["mean"].values, ref["mean"].values + at_targets, rtol=1e-5)
     np.testing.assert_allclose(out["std"].values, ref["std"].values, rtol=1e-5)
     # Already normalised values are not normalised twice in silence.
     with pytest.raises(ConfigError, match=r"normalised with the checkpoint's statistics .* already normalised"):
         predict(module, by_hand, targets)
+    # Without the time the climatology cannot be taken off: refused, not guessed.
+    with pytest.raises(ConfigError, match="the context needs its time"):
+        predict(module, {"grid": grid.drop_vars("time"), "stations": stations}, targets)
     # A model whose checkpoint has no statistics refuses kelvin, even values that look small (units say so).
     bare = small_station_model()
     with pytest.raises(ConfigError, match=r"context 'grid' has units 'K'.*neither the caller nor the model"):

@@ -101,8 +101,8 @@ class StationReanalysisDataModule(ERA5DataModule):
             sea or hill it takes in) no longer shifts its value, and a station's departure from its block is more
             alike from day to day. Metrics are unchanged in meaning (a known per-target reference cancels in errors;
             the coarse-cell baseline stays that of the values); ``gridtnp predict`` adds the climatology back.
-            A checkpoint trained so is refused by ``gridtnp.predictions.predict`` (it cannot subtract the
-            climatology from raw inputs); predict through the DataModule instead.
+            The checkpoint keeps the climatology, so ``gridtnp.predictions.predict`` takes it off raw context
+            values and adds it back at the targets (the context then needs a ``time`` coordinate).
         seed: base seed of every split.
         num_workers: DataLoader workers (each opens its own handle on the store).
         cache_chunks: time chunks per variable kept in memory in each process.
@@ -307,12 +307,22 @@ class StationReanalysisDataModule(ERA5DataModule):
         return out
 
     def variable_metadata(self) -> dict[str, Any] | None:
-        """The ERA5 DataModules' record (``ERA5DataModule.variable_metadata``), with ``climatology: true`` when the
-        values are departures from the training dates' hourly climatology."""
+        """The ERA5 DataModules' record (``ERA5DataModule.variable_metadata``), plus, when the values are departures
+        from the training dates' hourly climatology, that climatology: ``{"latitude": [H], "longitude": [W],
+        "variables": {name: [24, H, W]}}`` (tensors, so that ``gridtnp.predictions.predict`` can serve a checkpoint
+        alone; 24 x H x W floats per variable)."""
         metadata = super().variable_metadata()
-        if metadata is not None and self.climatology:
-            metadata = {**metadata, "climatology": True}
-        return metadata
+        if metadata is None or not self.climatology or self.task is None or self.task.climatology is None:
+            return metadata
+        lat, lon = self.box
+        fields = {
+            v: torch.from_numpy(c.reshape(24, len(lat), len(lon)).copy()) for v, c in self.task.climatology.items()
+        }
+        record = {
+            "latitude": torch.from_numpy(lat.astype(np.float64)),
+            "longitude": torch.from_numpy(lon.astype(np.float64)),
+        }
+        return {**metadata, "climatology": {**record, "variables": fields}}
 
     def predict_points(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The ``predict_resolution`` grid over the store's box: ``(lat [H], lon [W])``, or None (stations)."""
