@@ -339,9 +339,11 @@ def predict(
     model was trained with, e.g. ``gridtnp.data.store.normalisation_stats``); without them, those the module's
     checkpoint keeps are used (``NeuralProcessModule`` saves the ERA5 DataModules' statistics, variable names and
     units: then context values are in physical units and so is the result, with the target's ``units`` and
-    ``long_name``). A module with a fitted variance calibration scales the std. ``batch_dim`` (e.g. ``"time"``),
-    present on every context array, gives one task per entry. ``module`` is a ``NeuralProcessModule`` or a
-    ``NeuralProcess``.
+    ``long_name``). A checkpoint trained on departures from an hourly climatology (``StationReanalysisDataModule
+    climatology: true``) keeps it: without ``stats``, the climatology at the context's ``time`` coordinate is taken
+    off the context and added back to the mean. A module with a fitted variance calibration scales the std.
+    ``batch_dim`` (e.g. ``"time"``), present on every context array, gives one task per entry. ``module`` is a
+    ``NeuralProcessModule`` or a ``NeuralProcess``.
 
     Inputs are checked where they enter: latitudes outside [-90, 90] are refused, longitudes are wrapped into
     [-180, 180) (a 0-360 field is read correctly), +-inf values are missing like NaN, and context values in
@@ -352,6 +354,12 @@ def predict(
     saved, saved_targets, target_attrs = checkpoint_statistics(module)
     climatology = (getattr(module, "data_metadata", None) or {}).get("climatology")
     target_reference = None
+    if climatology and (stats is None) != (target_stats is None):
+        raise ConfigError(
+            "predict: this checkpoint was trained on departures from an hourly climatology; pass both stats and "
+            "target_stats (for departures you took yourself) or neither (predict takes the climatology it keeps "
+            "off the context and adds it back)."
+        )
     if climatology and stats is None and target_stats is None:
         # Trained on departures from an hourly climatology: subtract it from the context, add it back to the mean.
         context, target_reference = _departures(module, context, targets, coords, batch_dim)

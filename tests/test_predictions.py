@@ -228,6 +228,9 @@ def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
     # Already normalised values are not normalised twice in silence.
     with pytest.raises(ConfigError, match=r"normalised with the checkpoint's statistics .* already normalised"):
         predict(module, by_hand, targets)
+    # Statistics for the context but not the targets would leave the climatology off the result: refused.
+    with pytest.raises(ConfigError, match="pass both stats and target_stats"):
+        predict(module, by_hand, targets, stats=unit)
     # Without the time the climatology cannot be taken off: refused, not guessed.
     with pytest.raises(ConfigError, match="the context needs its time"):
         predict(module, {"grid": grid.drop_vars("time"), "stations": stations}, targets)
