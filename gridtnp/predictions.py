@@ -29,6 +29,7 @@ import xarray as xr
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
+from gridtnp.data.stations import snap_to_grid
 from gridtnp.files import check_output, replacing
 from gridtnp.registry import ConfigError
 
@@ -270,53 +271,55 @@ def _departures(
             "so the context needs its time: a scalar `time` coordinate, or one along batch_dim "
             f"({batch_dim!r}), on {next(iter(context))!r}."
         )
-    hours = np.atleast_1d(pd.DatetimeIndex(np.atleast_1d(time.values)).hour.to_numpy())  # [B] or [1]
+    hours = pd.DatetimeIndex(np.atleast_1d(time.values)).hour.to_numpy()  # [B], or [1] for a scalar time
+    lead = [] if batch_dim is None else [batch_dim]
     out = {}
     for name, array in context.items():
         names = sources.get(name, [])
         if len(names) != 1 or names[0] not in fields:
             raise ConfigError(f"predict: the checkpoint's climatology has no field for context {name!r} ({names}).")
-        reference = _cell_means(fields[names[0]][hours], grid, array, coords)  # [B, ...] over the array's points
-        lead = [] if batch_dim is None else [batch_dim]
-        dims = [d for d in array.dims if d not in lead]
-        gridded = all(c in array.dims for c in coords)
-        dims = [d for d in dims if d in coords] if gridded else dims
-        sizes = [array.sizes[d] for d in dims]
-        data = reference.reshape(len(hours), *sizes)
-        ref = xr.DataArray(data if lead else data[0], dims=lead + dims)
-        out[name] = (array - ref).transpose(*array.dims).assign_attrs(array.attrs)
+        field = fields[names[0]][hours]  # [B, H, W]
+        if all(c in array.dims for c in coords):  # gridded: the mean over each point's cell
+            lat_map, lon_map = (_cell_weights(array[c].values, axis, c) for c, axis in zip(coords, grid, strict=True))
+            reference = xr.DataArray(np.einsum("ih,bhw,jw->bij", lat_map, field, lon_map), dims=["_b", *coords])
+        else:  # points: the nearest grid point's value
+            point_dims = [d for d in array.dims if d not in lead]
+            lat, lon = (np.broadcast_to(array[c].values, [array.sizes[d] for d in point_dims]).ravel() for c in coords)
+            rows, cols = _nearest(lat, lon, grid)
+            values = field[:, rows, cols].reshape(len(hours), *[array.sizes[d] for d in point_dims])
+            reference = xr.DataArray(values, dims=["_b", *point_dims])
+        reference = reference.rename({"_b": batch_dim}) if lead else reference.isel(_b=0)
+        out[name] = (array - reference).transpose(*array.dims).assign_attrs(array.attrs)
     points = _points(_template(targets, coords), coords, "targets")  # [N, Dx]
-    rows, cols = (np.abs(points[:, i, None] - grid[i][None]).argmin(1) for i in (0, 1))
+    rows, cols = _nearest(points[:, 0], points[:, 1], grid)
     target_names = meta.get("target", [])
-    per_output = [fields[v][hours][:, rows, cols] for v in target_names if v in fields]  # [B, N] each
-    if len(per_output) != len(target_names):
-        raise ConfigError(f"predict: the checkpoint's climatology lacks a target variable of {target_names}.")
-    reference_t = np.stack(per_output, -1)
+    missing = [v for v in target_names if v not in fields]
+    if missing:
+        raise ConfigError(f"predict: the checkpoint's climatology lacks the target variable(s) {missing}.")
+    reference_t = np.stack([fields[v][hours][:, rows, cols] for v in target_names], -1)  # [B or 1, N, Dy]
     b = first.sizes[batch_dim] if batch_dim is not None else 1
     return out, np.broadcast_to(reference_t, (b, *reference_t.shape[1:]))
 
 
-def _cell_means(
-    field: np.ndarray, grid: tuple[np.ndarray, np.ndarray], array: xr.DataArray, coords: Sequence[str]
-) -> np.ndarray:
-    """``field [B, H, W]`` on ``grid`` (lat, lon) at the points of ``array``: ``[B, n_lat, n_lon]`` cell means for a
-    gridded array (both ``coords`` are its dimensions), else ``[B, N]`` at the nearest grid point of each point."""
-    if all(c in array.dims and array.sizes[c] > 1 for c in coords):
-        maps = []
-        for c, fine in zip(coords, grid, strict=True):
-            centre = np.asarray(array[c].values, dtype=np.float64)
-            half = np.abs(np.diff(centre)).min() / 2
-            inside = (fine[None] >= centre[:, None] - half) & (fine[None] < centre[:, None] + half)  # [n, H or W]
-            nearest = np.abs(fine[None] - centre[:, None]).argmin(1)
-            inside[np.arange(len(centre)), nearest] |= ~inside.any(1)  # a cell beyond the grid: its nearest point
-            maps.append(inside / inside.sum(1, keepdims=True))
-        out = np.einsum("ih,bhw,jw->bij", maps[0], field, maps[1])
-        order = [d for d in array.dims if d in coords]
-        return out if order == list(coords) else out.transpose(0, 2, 1)  # in the array's order of the two
-    lat = np.atleast_1d(np.asarray(array[coords[0]].values, dtype=np.float64)).ravel()
-    lon = np.atleast_1d(np.asarray(array[coords[1]].values, dtype=np.float64)).ravel()
-    rows, cols = (np.abs(v[:, None] - g[None]).argmin(1) for v, g in ((lat, grid[0]), (lon, grid[1])))
-    return field[:, rows, cols]
+def _nearest(lat: np.ndarray, lon: np.ndarray, grid: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column ``[N]`` of the nearest point of the regular ``grid`` (lat, lon) to each point (longitudes mod
+    360)."""
+    snapped = snap_to_grid(pd.DataFrame({"latitude": lat, "longitude": lon}), *grid)
+    return snapped.lat_index, snapped.lon_index
+
+
+def _cell_weights(centres: np.ndarray, axis: np.ndarray, name: str) -> np.ndarray:
+    """``[n, len(axis)]`` weights averaging the points of ``axis`` within half the centres' spacing of each centre
+    (as a coarse block averages its fine points); a lone centre, or one whose cell misses the axis, takes its nearest
+    point."""
+    centres = np.asarray(centres, dtype=np.float64)
+    if name in ("longitude", "lon"):
+        centres = (centres + 180.0) % 360.0 - 180.0  # the stored grid's convention
+    half = np.abs(np.diff(centres)).min() / 2 if len(centres) > 1 else 0.0
+    inside = (axis[None] >= centres[:, None] - half) & (axis[None] < centres[:, None] + half)
+    nearest = np.abs(axis[None] - centres[:, None]).argmin(1)
+    inside[np.arange(len(centres)), nearest] |= ~inside.any(1)
+    return inside / inside.sum(1, keepdims=True)
 
 
 @torch.no_grad()

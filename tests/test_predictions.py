@@ -225,6 +225,10 @@ def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
     at_targets = clim[nearest(t_lat.ravel(), clim_lat), nearest(t_lon.ravel(), clim_lon)].reshape(t_lat.shape)
     np.testing.assert_allclose(out["mean"].values, ref["mean"].values + at_targets, rtol=1e-5)
     np.testing.assert_allclose(out["std"].values, ref["std"].values, rtol=1e-5)
+    # Longitudes given as 0-360 find the same grid points of the climatology (and the same prediction).
+    east = {"grid": grid.assign_coords(longitude=grid.longitude % 360), "stations": stations.assign_coords(
+        longitude=("station", stations.longitude.values % 360))}  # fmt: skip
+    np.testing.assert_allclose(predict(module, east, targets)["mean"].values, out["mean"].values, rtol=1e-5)
     # Already normalised values are not normalised twice in silence.
     with pytest.raises(ConfigError, match=r"normalised with the checkpoint's statistics .* already normalised"):
         predict(module, by_hand, targets)

@@ -22,6 +22,7 @@ from gridtnp.data.era5.base import SAMPLE_TRAIN_DATES, ERA5DataModule, check_fra
 from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationReanalysisTask
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
+from gridtnp.data.stations import snap_to_grid
 from gridtnp.data.store import normalisation_stats
 from gridtnp.registry import ConfigError, register
 
@@ -216,6 +217,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         )
         self.task: StationReanalysisTask | None = None
         self.splits: dict[str, Split] = {}
+        self._climatology_record: dict[str, Any] | None = None
 
     dim_x = 2
     geographic = True  # x = (latitude, longitude) in degrees: plots draw maps
@@ -314,15 +316,16 @@ class StationReanalysisDataModule(ERA5DataModule):
         metadata = super().variable_metadata()
         if metadata is None or not self.climatology or self.task is None or self.task.climatology is None:
             return metadata
-        lat, lon = self.box
-        fields = {
-            v: torch.from_numpy(c.reshape(24, len(lat), len(lon)).copy()) for v, c in self.task.climatology.items()
-        }
-        record = {
-            "latitude": torch.from_numpy(lat.astype(np.float64)),
-            "longitude": torch.from_numpy(lon.astype(np.float64)),
-        }
-        return {**metadata, "climatology": {**record, "variables": fields}}
+        if self._climatology_record is None:  # built once: every checkpoint save asks for it
+            lat, lon = self.box
+            self._climatology_record = {
+                "latitude": torch.from_numpy(lat.astype(np.float64)),
+                "longitude": torch.from_numpy(lon.astype(np.float64)),
+                "variables": {
+                    v: torch.from_numpy(c.reshape(24, len(lat), len(lon))) for v, c in self.task.climatology.items()
+                },
+            }
+        return {**metadata, "climatology": self._climatology_record}
 
     def predict_points(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The ``predict_resolution`` grid over the store's box: ``(lat [H], lon [W])``, or None (stations)."""
@@ -368,31 +371,32 @@ class StationReanalysisDataModule(ERA5DataModule):
         )
         attrs = {"predict_split": self.predict_split, "predict_context_fraction": self.predict_context_fraction}
         if self.climatology:  # departures -> values: add the climatology back, in the normalised units
-            outputs = [self._add_climatology(o, variable) for o in outputs]
+            flat = self.prediction_cells()
+            outputs = [self._add_climatology(o, variable, flat) for o in outputs]
         return station_predictions(
             outputs, self.time_axis, variable, self.station_table, self.predict_points(), self.store_path(), attrs
         )
 
-    def _add_climatology(self, output: dict[str, torch.Tensor], variable: Variable) -> dict[str, torch.Tensor]:
-        """A predict batch's ``mean`` and ``y`` ``[B, P, 1]`` with the climatology at its hours and points added, in
-        the units ``variable``'s mean and std normalise."""
+    def prediction_cells(self) -> np.ndarray:
+        """Flat index ``[P]`` of the store's grid point under each prediction point (a station's own point, or the
+        nearest to each point of the ``predict_resolution`` grid)."""
         assert self.task is not None
         points = self.predict_points()
         if points is None:
-            flat = self.task.station_flat
-        else:  # the nearest grid point of each prediction point
-            lat, lon = (np.meshgrid(*points, indexing="ij")[i].ravel() for i in (0, 1))
-            grid_lat, grid_lon = self.box
-            rows = np.abs(lat[:, None] - grid_lat[None]).argmin(1)
-            cols = np.abs(lon[:, None] - grid_lon[None]).argmin(1)
-            flat = rows * len(grid_lon) + cols
+            return self.task.station_flat
+        lat, lon = (axis.ravel() for axis in np.meshgrid(*points, indexing="ij"))
+        snapped = snap_to_grid(pd.DataFrame({"latitude": lat, "longitude": lon}), *self.box)
+        return snapped.lat_index * len(self.box[1]) + snapped.lon_index
+
+    def _add_climatology(
+        self, output: dict[str, torch.Tensor], variable: Variable, flat: np.ndarray
+    ) -> dict[str, torch.Tensor]:
+        """A predict batch's ``mean`` and ``y`` ``[B, P, 1]`` with the climatology at its hours and grid points
+        ``flat [P]`` added, in the units ``variable``'s mean and std normalise."""
+        assert self.task is not None
         reference = self.task.reference(self.station_variable, output["hour"].numpy(), flat)  # [B, P]
         shift = torch.from_numpy((reference - variable.mean) / variable.std).unsqueeze(-1)
-        out = dict(output)
-        for key in ("mean", "y"):
-            if key in out:
-                out[key] = out[key] + shift.to(out[key].dtype)
-        return out
+        return {k: v + shift.to(v.dtype) if k in ("mean", "y") else v for k, v in output.items()}
 
     def split_task(self, name: str) -> SplitTask:
         """The task generator of split ``name``, reading only that split's hours."""
