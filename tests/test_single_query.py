@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from gridtnp.nn import single_query
 from gridtnp.nn.single_query import neighbour_attention, segment_attention
 
 
@@ -28,22 +30,51 @@ def grads_of(fn, tensors):
     return [out.detach()] + [t.grad.clone() for t in tensors]
 
 
-def test_neighbour_attention_equals_sdpa() -> None:
+@pytest.mark.parametrize("chunk_elements", [None, 1, 2 * 5 * 12])  # one chunk; one query each; 2 and a partial one
+def test_neighbour_attention_equals_sdpa(monkeypatch: pytest.MonkeyPatch, chunk_elements: int | None) -> None:
+    if chunk_elements is not None:
+        monkeypatch.setattr(single_query, "CPU_CHUNK_ELEMENTS", chunk_elements)
     torch.manual_seed(0)
-    n, kk, h, dh = 12, 5, 3, 4
-    q = torch.randn(n, h, dh, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(n, kk, h, dh, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(n, kk, h, dh, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(n, kk, h, dtype=torch.float64, requires_grad=True)
+    n, kk, h, dh, rows = 13, 5, 3, 4, 6
+    f64 = {"dtype": torch.float64, "requires_grad": True}
+    q = torch.randn(n, h, dh, **f64)
+    keys, values = torch.randn(rows, h * dh, **f64), torch.randn(rows, h * dh, **f64)
+    bias = torch.randn(n, kk, h, **f64)
+    key_offset, value_offset = torch.randn(n, kk, h, dh, **f64), torch.randn(n, kk, h, dh, **f64)
+    index = torch.randint(0, rows - 1, (n, kk))  # rows repeat (their gradients add up); the last is never read
     mask = torch.rand(n, kk) > 0.4
     mask[0] = False  # a query with no key: zero output, zero gradients to its keys
     mask[1] = True
-    for b in (None, bias):
-        new = grads_of(lambda b=b: neighbour_attention(q, k, v, mask, b), [q, k, v])
-        ref = grads_of(lambda b=b: sdpa_one_query(q, k, v, mask, b), [q, k, v])
+
+    def gathered(table, offset):
+        t = table[index].view(n, kk, h, dh)
+        return t if offset is None else t + offset
+
+    cases = ((None, None, None), (bias, None, None), (bias, key_offset, value_offset), (None, key_offset, None))
+    for b, ko, vo in cases:
+        tensors = [q, keys, values] + [t for t in (b, ko, vo) if t is not None]
+        new = grads_of(lambda b=b, ko=ko, vo=vo: neighbour_attention(q, keys, values, index, mask, b, ko, vo), tensors)
+        ref = grads_of(
+            lambda b=b, ko=ko, vo=vo: sdpa_one_query(q, gathered(keys, ko), gathered(values, vo), mask, b), tensors
+        )
         for a, r in zip(new, ref, strict=True):
             torch.testing.assert_close(a, r, atol=1e-12, rtol=1e-12)
-    assert new[0][0].abs().max() == 0 and new[2][0].abs().max() == 0
+        assert new[0][0].abs().max() == 0  # the query without keys
+    # Rows read only by masked keys or by the query without keys get no gradient.
+    read = torch.zeros(rows, dtype=torch.bool)
+    read[index[mask]] = True
+    assert not read.all()
+    assert (keys.grad[~read] == 0).all() and (values.grad[~read] == 0).all()
+
+
+def test_neighbour_attention_shape_errors() -> None:
+    q, table, index = torch.randn(4, 2, 3), torch.randn(5, 6), torch.zeros(4, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"keys and values \[R, H Dh\] = \[R, 6\]"):
+        neighbour_attention(q, table[:, :4], table[:, :4], index)
+    with pytest.raises(ValueError, match=r"index \[N, K\] with N = 4"):
+        neighbour_attention(q, table, table, index[:3])
+    with pytest.raises(ValueError, match=r"key_offset must be \[N, K, H, Dh\]"):
+        neighbour_attention(q, table, table, index, key_offset=torch.zeros(4, 2, 6))
 
 
 def test_segment_attention_equals_padded_sdpa() -> None:

@@ -195,24 +195,24 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
             q = self.norm_q(zq).reshape(b * nt, 1, zq.shape[-1])
             out = attn.attend(q, keys, values, key_mask, offset.reshape(b * nt, 1, k, -1))
             return self.mix(zq, out.view(zq.shape))
-        # Keys and values are projected once on the grid, as two products, then gathered as [B*Nt, K, H, Dh] rows.
+        # Keys and values are projected once on the grid, as two products; each target reads its K rows of them.
         heads = (attn.heads, attn.head_dim)
         keys, values = attn.kv_rows(self.norm_kv(zkv))  # [B, M, H*Dh] each
-        keys, values = (
-            gather_rows(keys, index).view(b * nt, k, *heads),
-            gather_rows(values, index).view(b * nt, k, *heads),
-        )
+        m = keys.shape[1]
+        rows = (index + torch.arange(b, device=index.device).view(b, 1, 1) * m).view(b * nt, k)
+        key_offset = value_offset = None
         if self.rel is not None:
             rel = self.rel(offset.to(self.rel[0].weight.dtype)).view(b * nt, k, 1 + self.rel_values, *heads)
-            keys = keys + rel[:, :, 0]
-            if self.rel_values:
-                values = values + rel[:, :, 1]
+            key_offset = rel[:, :, 0]
+            value_offset = rel[:, :, 1] if self.rel_values else None
         bias = None
         if self.decay is not None:
             sq = offset.float().square().sum(-1).reshape(b * nt, k, 1)  # squared offsets in grid spacings
             bias = -F.softplus(self.decay).view(1, 1, -1) * sq  # [B*Nt, K, H]
         q = attn.to_q(self.norm_q(zq)).reshape(b * nt, *heads)
-        out = attn.out(neighbour_attention(q, keys, values, key_mask, bias).flatten(-2))
+        flat = (keys.reshape(b * m, -1), values.reshape(b * m, -1))
+        attended = neighbour_attention(q, *flat, rows, key_mask, bias, key_offset, value_offset)
+        out = attn.out(attended.flatten(-2))
         out = out * key_mask.any(-1, keepdim=True).to(out.dtype)  # a target without grid neighbours: no update
         return self.mix(zq, out.view(zq.shape))
 
