@@ -1,8 +1,16 @@
 import math
 
 import torch
+from torch import nn
 
-from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, SelfAttentionBlock, masked_mean
+from gridtnp.nn.attention import (
+    CrossAttentionBlock,
+    MultiHeadAttention,
+    NarrowLinear,
+    SelfAttentionBlock,
+    masked_mean,
+    mlp,
+)
 
 
 def reference_attention(mha: MultiHeadAttention, q, kv, mask):
@@ -81,3 +89,22 @@ def test_explicit_attention_equals_sdpa_in_float64_with_gradients():
             torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
     assert few_keys(q, k, 0.0) and not few_keys(q, k, 0.1) and not few_keys(q[:, :, :1], k, 0.0)
     assert not few_keys(q, torch.zeros(6, 4, FEW_KEYS + 1, 8), 0.0)
+
+
+def test_narrow_linear_is_linear_with_the_same_parameters_and_gradients():
+    net = mlp(3, 16, 8, layers=2)
+    assert isinstance(net[0], NarrowLinear) and type(net[2]) is nn.Linear  # only a narrow input layer
+    assert type(mlp(32, 16, 8)[0]) is nn.Linear
+    torch.manual_seed(0)
+    narrow = NarrowLinear(3, 16).double()
+    plain = nn.Linear(3, 16).double()
+    plain.load_state_dict(narrow.state_dict())  # same parameter names and shapes
+    x = torch.randn(2, 50, 3, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for layer in (narrow, plain):
+        x.grad = None
+        out = layer(x)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape))
+        grads.append([out.detach(), x.grad.clone(), layer.weight.grad, layer.bias.grad])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
