@@ -77,7 +77,10 @@ def test_neighbour_attention_shape_errors() -> None:
         neighbour_attention(q, table, table, index, key_offset=torch.zeros(4, 2, 6))
 
 
-def test_segment_attention_equals_padded_sdpa() -> None:
+@pytest.mark.parametrize("chunk_elements", [None, 8, 7 * 8])  # one chunk; one entry each; 7 and a partial one
+def test_segment_attention_equals_padded_sdpa(monkeypatch: pytest.MonkeyPatch, chunk_elements: int | None) -> None:
+    if chunk_elements is not None:
+        monkeypatch.setattr(single_query, "CPU_CHUNK_ELEMENTS", chunk_elements)
     torch.manual_seed(1)
     r, e, h, dh = 7, 30, 2, 4
     q = torch.randn(r, h, dh, dtype=torch.float64, requires_grad=True)

@@ -14,8 +14,10 @@
   cross-attention from each grid cell's pseudo-token to the context tokens in its cell: the cells hold different
   numbers of tokens, and a padded ``[R, S_max, D]`` buffer for one SDPA call is mostly padding (a Poisson cell
   count's maximum is 2-3 x its mean) and costs a full-size fill, gather and scatter in the backward pass. Here
-  every step is one pass over the ``E`` entries (gathers and ``index_add``, whose backward passes are gathers
-  again) and no host sync is needed.
+  every step is one pass over the ``E`` entries (gathers and ``index_add``) and no host sync is needed; a custom
+  autograd function goes over the entries in chunks, so its ``[E, H, Dh]`` products never exist at full size
+  (at a million context points each would be 1 GB, and every fresh allocation of that size is paid again in
+  page faults).
 
 Both compute ``softmax(q . k / sqrt(Dh) + bias)`` per head, in float32 or wider, and give a query with no valid key
 a zero output (``neighbour_attention``: zero; ``segment_attention``: zero and ``has_key`` False). The segment softmax
@@ -183,33 +185,114 @@ def segment_attention(
     ``keep [E]``: entries that take part (default all); ``own``: each segment's own key and value ``[R, H, Dh]``.
     Returns ``out [R, H, Dh]`` (zero for a segment without any key) and ``has_key [R]``.
     """
-    num, heads, head_dim = q.shape
-    if k.shape != v.shape or k.shape[1:] != q.shape[1:] or segment.shape != k.shape[:1]:
+    if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != q.shape[1:] or segment.shape != k.shape[:1]:
         raise ValueError(
             f"segment_attention: needs q [R, H, Dh], k and v [E, H, Dh], segment [E]; got {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(segment.shape)}."
         )
-    dtype = torch.promote_types(q.dtype, torch.float32)  # softmax sums in float32 even under bf16
-    scale = head_dim**-0.5
-    logits = (q.index_select(0, segment) * k).to(dtype).sum(-1) * scale  # [E, H]
-    if keep is not None:
-        logits = logits.masked_fill(~keep.unsqueeze(-1), float("-inf"))
-    index = segment.unsqueeze(-1).expand(-1, heads)
-    own_logits = None if own is None else (q * own[0]).to(dtype).sum(-1) * scale  # [R, H]
-    with torch.no_grad():
-        start = logits.new_full((num, heads), float("-inf")) if own_logits is None else own_logits.detach()
-        peak = start.scatter_reduce(0, index, logits, "amax")
+    width = q.shape[1] * q.shape[2]
+    chunk = max(1, CPU_CHUNK_ELEMENTS // max(1, width)) if q.device.type == "cpu" else max(1, k.shape[0])
+    own_k, own_v = (None, None) if own is None else own
+    return _SegmentAttention.apply(q, k, v, segment, keep, own_k, own_v, chunk)
+
+
+class _SegmentAttention(torch.autograd.Function):
+    """``segment_attention`` over chunks of entries, forward and backward; saves the ``[E, H]`` probabilities.
+
+    Forward: the logits of all entries (chunk by chunk, ``[E, H]``), each segment's maximum (no gradient: the result
+    does not depend on the shift), then the probability-weighted values added into their segments chunk by chunk.
+    Backward, with ``p`` the probabilities and ``g`` the output gradient of an entry's segment: ``dv = p g``,
+    ``dlogit = p (g . v - g . out)`` (``out`` sums ``p v`` over the segment), ``dk = dlogit q / sqrt(Dh)`` and ``dq``
+    sums ``dlogit k / sqrt(Dh)`` over the segment. No ``[E, H, Dh]`` product outlives its chunk, so a million context
+    tokens do not allocate several full-size temporaries.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        segment: Tensor,
+        keep: Tensor | None,
+        own_k: Tensor | None,
+        own_v: Tensor | None,
+        chunk: int,
+    ) -> tuple[Tensor, Tensor]:
+        num, heads, head_dim = q.shape
+        dtype = torch.promote_types(q.dtype, torch.float32)  # softmax sums in float32 even under bf16
+        scale = head_dim**-0.5
+        entries = k.shape[0]
+        logits = q.new_empty(entries, heads, dtype=dtype)
+        for start in range(0, entries, chunk):  # loop over chunks of entries, not entries
+            rows = slice(start, start + chunk)
+            logits[rows] = (q.index_select(0, segment[rows]) * k[rows]).to(dtype).sum(-1)
+        logits *= scale
+        if keep is not None:
+            logits.masked_fill_(~keep.unsqueeze(-1), float("-inf"))
+        own_logits = None if own_k is None else (q * own_k).to(dtype).sum(-1) * scale  # [R, H]
+        start_value = logits.new_full((num, heads), float("-inf")) if own_logits is None else own_logits
+        peak = start_value.scatter_reduce(0, segment.unsqueeze(-1).expand(-1, heads), logits, "amax")
         peak = torch.where(torch.isfinite(peak), peak, 0.0)  # a segment without keys: any finite shift
-    weights = torch.exp(logits - peak.index_select(0, segment))  # [E, H], in [0, 1]
-    total = weights.new_zeros(num, heads).index_add(0, segment, weights)  # [R, H]: >= 1 where a segment has keys
-    out = weights.new_zeros(num, heads, head_dim).index_add(0, segment, weights.unsqueeze(-1) * v.to(dtype))
-    if own is not None:
-        own_weights = torch.exp(own_logits - peak)
-        total = total + own_weights
-        out = out + own_weights.unsqueeze(-1) * own[1].to(dtype)
-    has_key = total > 0
-    out = out / torch.where(has_key, total, 1.0).unsqueeze(-1)
-    return out.to(q.dtype), has_key[:, 0]
+        weights = torch.exp(logits - peak.index_select(0, segment))  # [E, H], in [0, 1]
+        total = weights.new_zeros(num, heads).index_add_(0, segment, weights)  # >= 1 where a segment has keys
+        out = q.new_zeros(q.shape, dtype=dtype)
+        for start in range(0, entries, chunk):  # loop over chunks of entries, not entries
+            rows = slice(start, start + chunk)
+            out.index_add_(0, segment[rows], weights[rows].unsqueeze(-1) * v[rows].to(dtype))
+        own_weights = None
+        if own_logits is not None:
+            own_weights = torch.exp(own_logits - peak)
+            total += own_weights
+            out += own_weights.unsqueeze(-1) * own_v.to(dtype)
+        has_key = total > 0
+        inverse = 1.0 / torch.where(has_key, total, 1.0)
+        out *= inverse.unsqueeze(-1)
+        probs = weights.mul_(inverse.index_select(0, segment))
+        own_probs = None if own_weights is None else own_weights * inverse
+        ctx.save_for_backward(q, k, v, segment, probs, own_probs, own_k, own_v, out)
+        ctx.scale, ctx.chunk = scale, chunk
+        has_key = has_key[:, 0]
+        ctx.mark_non_differentiable(has_key)
+        return out.to(q.dtype), has_key
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, v, segment, probs, own_probs, own_k, own_v, out = ctx.saved_tensors
+        need_q, need_k, need_v, _, _, need_own_k, need_own_v, _ = ctx.needs_input_grad
+        dtype = probs.dtype
+        g = grad.to(dtype)
+        centre = (g * out).sum(-1)  # [R, H]: g . out, the probability-weighted mean of g . v over the segment
+        dq = torch.zeros_like(q, dtype=dtype) if need_q else None
+        dk = torch.empty_like(k, dtype=dtype) if need_k else None
+        dv = torch.empty_like(v, dtype=dtype) if need_v else None
+        for start in range(0, k.shape[0], ctx.chunk):  # loop over chunks of entries, not entries
+            rows = slice(start, start + ctx.chunk)
+            seg = segment[rows]
+            g_rows, p = g.index_select(0, seg), probs[rows]  # [n, H, Dh], [n, H]
+            if dv is not None:
+                dv[rows] = p.unsqueeze(-1) * g_rows
+            dlogits = p * ((g_rows * v[rows].to(dtype)).sum(-1) - centre.index_select(0, seg))
+            dlogits = dlogits.mul_(ctx.scale).unsqueeze(-1)  # [n, H, 1]
+            if dk is not None:
+                dk[rows] = dlogits * q.index_select(0, seg).to(dtype)
+            if dq is not None:
+                dq.index_add_(0, seg, dlogits * k[rows].to(dtype))
+        d_own_k = d_own_v = None
+        if own_probs is not None:
+            if need_own_v:
+                d_own_v = (own_probs.unsqueeze(-1) * g).to(own_v.dtype)
+            dlogits = (own_probs * ((g * own_v.to(dtype)).sum(-1) - centre)).mul_(ctx.scale).unsqueeze(-1)
+            if dq is not None:
+                dq += dlogits * own_k.to(dtype)
+            if need_own_k:
+                d_own_k = (dlogits * q.to(dtype)).to(own_k.dtype)
+
+        def cast(t: Tensor | None, like: Tensor) -> Tensor | None:
+            return None if t is None else t.to(like.dtype)
+
+        return cast(dq, q), cast(dk, k), cast(dv, v), None, None, d_own_k, d_own_v, None
 
 
 __all__ = ["neighbour_attention", "segment_attention"]
