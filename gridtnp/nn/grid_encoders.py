@@ -33,7 +33,7 @@ from gridtnp.nn.grids import (
 )
 from gridtnp.nn.setconv import grid_sum
 from gridtnp.nn.single_query import segment_attention
-from gridtnp.nn.tokens import Latent, Tokens, concat_sources
+from gridtnp.nn.tokens import Latent, Tokens, concat_sources, zero_padding
 from gridtnp.registry import build_from_spec, register
 
 
@@ -168,7 +168,7 @@ class PseudoTokenGridEncoder(nn.Module):
         m, dim = self.grid.num_points, self.pseudo_tokens.shape[-1]
         block, attn = self.block, self.block.attn
         u0 = self.pseudo_tokens.reshape(m, dim)
-        z = self.proj_in(torch.where(t.mask.unsqueeze(-1), t.z, 0.0))  # padded values may be NaN
+        z = self.proj_in(zero_padding(t.z, t.mask))  # padded values may be NaN
 
         # One entry per (token, assigned cell): the token's key/value, attending in segment ``batch * m + cell``;
         # entries of padding, off-grid neighbours and tokens beyond the cap are not kept.

@@ -26,6 +26,17 @@ class Tokens:
     mask: Tensor
 
 
+def zero_padding(z: Tensor, mask: Tensor) -> Tensor:
+    """``z [B, N, D]`` with the padded points (``mask [B, N]`` False, whose values may be NaN) set to zero.
+
+    Without padding ``z`` itself is returned on the CPU (a full-size copy saved; the check needs no device sync
+    there); on a GPU the check would sync, so the copy is always made.
+    """
+    if z.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all()):
+        return z
+    return torch.where(mask.unsqueeze(-1), z, 0.0)
+
+
 def concat_sources(sources: dict[str, Tokens]) -> Tokens:
     """Union of all sources' tokens along the point axis: ``[B, sum N_s, D]``."""
     if len(sources) == 1:
