@@ -11,8 +11,11 @@ full weights are cheaper and are formed once per chunk. Same sums as ``grids.se_
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from gridtnp.nn.grids import Grid
 
@@ -37,11 +40,34 @@ def axis_factors(x: Tensor, grid: Grid, lengthscale: Tensor, mask: Tensor | None
     return factors
 
 
+class _PairOuter(torch.autograd.Function):
+    """``a [..., P]``, ``b [..., Q]`` -> ``a_p b_q`` as ``[..., P Q]``, with the backward as matrix products.
+
+    Autograd's backward of the broadcast product multiplies the ``[..., P, Q]`` gradient by each factor and sums
+    it (two full-size temporaries); ``G b`` and ``a^T G`` read it once each: 20 against 47 ms forward+backward for
+    one 4,096-point chunk of the dense KI-GE (batch 2, 32 x 32 grid, 2 threads).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, a: Tensor, b: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, b)
+        return (a.unsqueeze(-1) * b.unsqueeze(-2)).flatten(-2)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        a, b = ctx.saved_tensors
+        grad = grad.view(*grad.shape[:-1], a.shape[-1], b.shape[-1])  # [..., P, Q]
+        da = (grad @ b.unsqueeze(-1)).squeeze(-1) if ctx.needs_input_grad[0] else None
+        db = (a.unsqueeze(-2) @ grad).squeeze(-2) if ctx.needs_input_grad[1] else None
+        return da, db
+
+
 def outer(factors: list[Tensor]) -> Tensor:
     """Row-major outer product of per-axis factors ``[B, N, M_d]`` -> ``[B, N, prod_d M_d]``."""
     weights = factors[0]
     for f in factors[1:]:  # loop over input dimensions (d <= 3)
-        weights = (weights.unsqueeze(-1) * f.unsqueeze(-2)).flatten(-2)
+        weights = _PairOuter.apply(weights, f)
     return weights
 
 
