@@ -8,13 +8,16 @@ Workload (the speed issue's, by default): float32, batch ``--batch`` (2), ``--nc
 source and ``--nt`` targets (1,000), ``x`` uniform in the model grid's bounds (``[-2, 2]^Dx`` without a grid),
 ``y`` standard normal. ``--fwd``: eval mode under ``torch.no_grad()``; ``--fwdbwd`` (default): train mode,
 ``-log_prob(y_t).mean()`` and ``backward()``. After ``--warmup`` calls, ``--steps`` calls are timed (the median
-is printed), then the same number run under forward hooks on the model's top-level stages (encoders, grid
-encoder, processor, grid decoder, likelihood: forward time each) and under ``torch.profiler`` (top ``--top``
-operators by self CPU time, and self CUDA time on a GPU). Shapes per operator with ``--shapes``.
+is printed, with the median number of minor page faults per call: fresh memory the process touched, which costs
+several microseconds a page on a virtual machine), then the same number run under forward hooks on the model's
+top-level stages (encoders, grid encoder, processor, grid decoder, likelihood: forward time each) and under
+``torch.profiler`` (top ``--top`` operators by self CPU time, and self CUDA time on a GPU). Shapes per operator
+with ``--shapes``.
 """
 
 from __future__ import annotations
 
+import resource
 import sys
 from pathlib import Path
 
@@ -112,15 +115,18 @@ def main(argv: list[str] | None = None) -> None:
 
     for _ in range(args.warmup):
         call()
-    times = []
+    times, faults = [], []
     for _ in range(args.steps):
         harness.synchronize(device)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         call()
         harness.synchronize(device)
         times.append(1e3 * (time.perf_counter() - start))
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     print(
         f"# {args.model} {args.kind}: {statistics.median(times):.1f} ms per call (median of {args.steps}; "
+        f"{statistics.median(faults):,.0f} minor page faults per call; "
         f"{count_parameters(model):,} parameters; batch {args.batch}, N_c {args.nc}, N_t {args.nt}; "
         f"{args.device}, {torch.get_num_threads()} threads, {'bf16' if args.bf16 else 'float32'}, "
         f"{'compiled' if args.compile else 'eager'}; torch {torch.__version__}; commit {harness.git_commit()})"
