@@ -67,8 +67,20 @@ def neighbour_attention(
     for name, t in (("key_offset", key_offset), ("value_offset", value_offset)):
         if t is not None and tuple(t.shape) != pair:
             raise ValueError(f"neighbour_attention: {name} must be [N, K, H, Dh] = {list(pair)}; got {tuple(t.shape)}.")
-    chunk = max(1, CPU_CHUNK_ELEMENTS // max(1, index.shape[1] * width)) if q.device.type == "cpu" else max(1, n)
+    chunk = _chunk_rows(index.shape[1] * width, n, q.device)
     return _NeighbourAttention.apply(q, keys, values, index, mask, bias, key_offset, value_offset, chunk)
+
+
+def _chunk_rows(row_elements: int, rows: int, device: torch.device) -> int:
+    """Rows per step: ``CPU_CHUNK_ELEMENTS`` worth on the CPU, all ``rows`` at once elsewhere (at least 1)."""
+    if device.type == "cpu":
+        return max(1, CPU_CHUNK_ELEMENTS // max(1, row_elements))
+    return max(1, rows)
+
+
+def _cast(t: Tensor | None, like: Tensor | None) -> Tensor | None:
+    """A gradient ``t`` in the dtype of the input ``like`` it belongs to (None where either is None)."""
+    return None if t is None or like is None else t.to(like.dtype)
 
 
 def _gather(table: Tensor, index: Tensor, offset: Tensor | None, head_shape: tuple[int, int]) -> Tensor:
@@ -163,13 +175,9 @@ class _NeighbourAttention(torch.autograd.Function):
                     dk.index_add_(0, flat, dk_rows.view(-1, width))
                 if dko is not None:
                     dko[rows] = dk_rows
-
-        def cast(t: Tensor | None, like: Tensor | None) -> Tensor | None:
-            return None if t is None or like is None else t.to(like.dtype)
-
         dbias = None if dbias is None else dbias.to(ctx.bias_dtype)
-        offsets = cast(dko, key_offset), cast(dvo, value_offset)
-        return cast(dq, q), cast(dk, keys), cast(dv, values), None, None, dbias, *offsets, None
+        offsets = _cast(dko, key_offset), _cast(dvo, value_offset)
+        return _cast(dq, q), _cast(dk, keys), _cast(dv, values), None, None, dbias, *offsets, None
 
 
 def segment_attention(
@@ -190,8 +198,7 @@ def segment_attention(
             f"segment_attention: needs q [R, H, Dh], k and v [E, H, Dh], segment [E]; got {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(segment.shape)}."
         )
-    width = q.shape[1] * q.shape[2]
-    chunk = max(1, CPU_CHUNK_ELEMENTS // max(1, width)) if q.device.type == "cpu" else max(1, k.shape[0])
+    chunk = _chunk_rows(q.shape[1] * q.shape[2], k.shape[0], q.device)
     own_k, own_v = (None, None) if own is None else own
     return _SegmentAttention.apply(q, k, v, segment, keep, own_k, own_v, chunk)
 
@@ -282,17 +289,14 @@ class _SegmentAttention(torch.autograd.Function):
         d_own_k = d_own_v = None
         if own_probs is not None:
             if need_own_v:
-                d_own_v = (own_probs.unsqueeze(-1) * g).to(own_v.dtype)
+                d_own_v = own_probs.unsqueeze(-1) * g
             dlogits = (own_probs * ((g * own_v.to(dtype)).sum(-1) - centre)).mul_(ctx.scale).unsqueeze(-1)
             if dq is not None:
                 dq += dlogits * own_k.to(dtype)
             if need_own_k:
-                d_own_k = (dlogits * q.to(dtype)).to(own_k.dtype)
-
-        def cast(t: Tensor | None, like: Tensor) -> Tensor | None:
-            return None if t is None else t.to(like.dtype)
-
-        return cast(dq, q), cast(dk, k), cast(dv, v), None, None, d_own_k, d_own_v, None
+                d_own_k = dlogits * q.to(dtype)
+        own = _cast(d_own_k, own_k), _cast(d_own_v, own_v)
+        return _cast(dq, q), _cast(dk, k), _cast(dv, v), None, None, *own, None
 
 
 __all__ = ["neighbour_attention", "segment_attention"]
