@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.chunking import DEFAULT_MAX_PAIRS, check_max_pairs, map_query_chunks
+from gridtnp.nn.tokens import nothing_masked
 
 VARIANTS = ("post", "pre")
 
@@ -89,9 +90,7 @@ def attention_mask(mask: Tensor | None, num_queries: int) -> tuple[Tensor | None
     """
     if mask is None:
         return None, None
-    if mask.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all()):
-        # Nothing to mask (no padding): SDPA's unmasked kernel and no output scaling. On the CPU the check costs
-        # no device sync; on a GPU it would, so there the mask is kept.
+    if nothing_masked(mask):  # no padding: SDPA's unmasked kernel and no output scaling
         return None, None
     if mask.dim() == 2:
         mask = mask[:, None, :]  # [B, 1, Nk]

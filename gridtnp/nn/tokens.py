@@ -26,15 +26,21 @@ class Tokens:
     mask: Tensor
 
 
+def nothing_masked(mask: Tensor) -> bool:
+    """Whether ``mask`` is all True, answered only where that is free: on the CPU outside ``torch.compile``.
+
+    On a GPU the answer would cost a device sync, and under ``torch.compile`` a graph break, so there it is False
+    (the caller keeps its masked path).
+    """
+    return mask.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all())
+
+
 def zero_padding(z: Tensor, mask: Tensor) -> Tensor:
     """``z [B, N, D]`` with the padded points (``mask [B, N]`` False, whose values may be NaN) set to zero.
 
-    Without padding ``z`` itself is returned on the CPU (a full-size copy saved; the check needs no device sync
-    there); on a GPU the check would sync, so the copy is always made.
+    Without padding ``z`` itself is returned where that check is free (``nothing_masked``): a full-size copy saved.
     """
-    if z.device.type == "cpu" and not torch.compiler.is_compiling() and bool(mask.all()):
-        return z
-    return torch.where(mask.unsqueeze(-1), z, 0.0)
+    return z if nothing_masked(mask) else torch.where(mask.unsqueeze(-1), z, 0.0)
 
 
 def concat_sources(sources: dict[str, Tokens]) -> Tokens:
