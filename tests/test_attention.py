@@ -108,3 +108,54 @@ def test_narrow_linear_is_linear_with_the_same_parameters_and_gradients():
         grads.append([out.detach(), x.grad.clone(), layer.weight.grad, layer.bias.grad])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def _randomise_norms(module: nn.Module) -> None:
+    """Give every LayerNorm a non-trivial affine, so folding it is tested (the default is g = 1, b = 0)."""
+    for norm in module.modules():
+        if isinstance(norm, nn.LayerNorm):
+            nn.init.normal_(norm.weight, 1.0, 0.3)
+            nn.init.normal_(norm.bias, 0.0, 0.3)
+
+
+def test_standardised_cross_attention_equals_the_block_with_gradients():
+    """``forward_standardised`` (norm_kv folded into the key/value weights) is ``forward``: values and gradients of
+    the inputs and of every parameter, the norm's included, with padding, a key/value bias and SDPA's path."""
+    from gridtnp.nn.attention import standardise
+
+    torch.manual_seed(0)
+    block = CrossAttentionBlock(dim=16, heads=2, head_dim=8, mlp_dim=16).double()
+    block.attn.to_kv.bias = nn.Parameter(torch.randn(32, dtype=torch.float64))
+    _randomise_norms(block)
+    zq = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    zkv = torch.randn(2, 40, 16, dtype=torch.float64, requires_grad=True)  # more than FEW_KEYS: SDPA
+    mask = torch.rand(2, 40) > 0.3
+    results = []
+    for fn in (
+        lambda: block(zq, zkv, mask),
+        lambda: block.forward_standardised(zq, standardise(zkv, block.norm_kv), mask),
+    ):
+        block.zero_grad()
+        zq.grad = zkv.grad = None
+        out = fn()
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape))
+        results.append([out.detach(), zq.grad, zkv.grad] + [p.grad for p in block.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_perceiver_layers_are_cross_then_self_attention_blocks():
+    """The perceiver's shared context normalisation changes no layer: each state is MHSA(MHCA(U; Zc))."""
+    from gridtnp.nn.processors.sets import PerceiverProcessor
+    from gridtnp.nn.tokens import Latent
+
+    torch.manual_seed(0)
+    proc = PerceiverProcessor(dim=16, num_tokens=4, layers=3, heads=2, head_dim=8, mlp_dim=16).double()
+    _randomise_norms(proc)
+    zc = torch.randn(2, 50, 16, dtype=torch.float64)
+    mask = torch.rand(2, 50) > 0.2
+    states = proc(Latent(zc, mask=mask))
+    u = proc.initial(2, zc.dtype)
+    for cross, self_attn, state in zip(proc.to_pseudo, proc.mix, states, strict=True):
+        u = self_attn(cross(u, zc, mask))
+        torch.testing.assert_close(state.tokens, u, atol=1e-12, rtol=1e-10)

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import CrossAttentionBlock, SelfAttentionBlock, masked_mean, te_attention
+from gridtnp.nn.attention import CrossAttentionBlock, SelfAttentionBlock, masked_mean, standardise, te_attention
 from gridtnp.nn.chunking import DEFAULT_MAX_PAIRS
 from gridtnp.nn.processors.checks import check_layers
 from gridtnp.nn.tokens import Latent
@@ -172,10 +172,13 @@ class PerceiverProcessor(_PseudoTokenProcessor):
     def forward(self, latent: Latent) -> list[Latent]:
         """Context set ``[B, N, D]`` -> one ``Latent([B, M, D])`` per layer."""
         zc, mask = latent.flat()
+        # Every layer normalises the same context: standardise it once and let each block fold its norm_kv affine
+        # into its key and value weights (one LayerNorm over [B, N_c, D] instead of one per layer).
+        nc = standardise(zc, self.to_pseudo[0].norm_kv)
         u = self.initial(zc.shape[0], zc.dtype)
         states = []
         for cross, self_attn in zip(self.to_pseudo, self.mix, strict=True):
-            u = self_attn(cross(u, zc, mask))
+            u = self_attn(cross.forward_standardised(u, nc, mask))
             states.append(Latent(u))
         return states
 
