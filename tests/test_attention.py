@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -159,3 +160,11 @@ def test_perceiver_layers_are_cross_then_self_attention_blocks():
     for cross, self_attn, state in zip(proc.to_pseudo, proc.mix, states, strict=True):
         u = self_attn(cross(u, zc, mask))
         torch.testing.assert_close(state.tokens, u, atol=1e-12, rtol=1e-10)
+
+
+def test_standardised_cross_attention_refuses_te_attention():
+    from gridtnp.nn.attention import TEAttention
+
+    block = CrossAttentionBlock(dim=16, mlp_dim=16, attention=TEAttention(dim=16, dim_x=2, heads=2, head_dim=8))
+    with pytest.raises(ValueError, match="plain attention"):
+        block.forward_standardised(torch.randn(1, 3, 16), torch.randn(1, 4, 16))

@@ -173,7 +173,8 @@ class PerceiverProcessor(_PseudoTokenProcessor):
         """Context set ``[B, N, D]`` -> one ``Latent([B, M, D])`` per layer."""
         zc, mask = latent.flat()
         # Every layer normalises the same context: standardise it once and let each block fold its norm_kv affine
-        # into its key and value weights (one LayerNorm over [B, N_c, D] instead of one per layer).
+        # into its key and value weights (one LayerNorm over [B, N_c, D] instead of one per layer). The blocks are
+        # built alike, so every norm_kv has the same shape and eps.
         nc = standardise(zc, self.to_pseudo[0].norm_kv)
         u = self.initial(zc.shape[0], zc.dtype)
         states = []
