@@ -120,29 +120,33 @@ def _randomise_norms(module: nn.Module) -> None:
 
 
 def test_standardised_cross_attention_equals_the_block_with_gradients():
-    """``forward_standardised`` (norm_kv folded into the key/value weights) is ``forward``: values and gradients of
-    the inputs and of every parameter, the norm's included, with padding, a key/value bias and SDPA's path."""
+    """``forward_standardised`` (norm_kv folded into the weights, no key bias, the value shift added once per query)
+    is ``forward``: values and gradients of the inputs and of every parameter, with padding, a task without keys,
+    a key/value bias, SDPA's path and the explicit one for few keys, and under dropout."""
     from gridtnp.nn.attention import standardise
 
-    torch.manual_seed(0)
-    block = CrossAttentionBlock(dim=16, heads=2, head_dim=8, mlp_dim=16).double()
-    block.attn.to_kv.bias = nn.Parameter(torch.randn(32, dtype=torch.float64))
-    _randomise_norms(block)
-    zq = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
-    zkv = torch.randn(2, 40, 16, dtype=torch.float64, requires_grad=True)  # more than FEW_KEYS: SDPA
-    mask = torch.rand(2, 40) > 0.3
-    results = []
-    for fn in (
-        lambda: block(zq, zkv, mask),
-        lambda: block.forward_standardised(zq, standardise(zkv, block.norm_kv), mask),
-    ):
-        block.zero_grad()
-        zq.grad = zkv.grad = None
-        out = fn()
-        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape))
-        results.append([out.detach(), zq.grad, zkv.grad] + [p.grad for p in block.parameters()])
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    for num_keys, dropout in ((40, 0.0), (8, 0.0), (40, 0.3)):  # 40 > FEW_KEYS: SDPA; 8: explicit_attention
+        torch.manual_seed(0)
+        block = CrossAttentionBlock(dim=16, heads=2, head_dim=8, mlp_dim=16, dropout=dropout).double()
+        block.attn.to_kv.bias = nn.Parameter(torch.randn(32, dtype=torch.float64))
+        _randomise_norms(block)
+        zq = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+        zkv = torch.randn(3, num_keys, 16, dtype=torch.float64, requires_grad=True)
+        mask = torch.rand(3, num_keys) > 0.3
+        mask[2] = False  # a task without keys: zero update
+        results = []
+        for standardised in (False, True):
+            block.zero_grad()
+            zq.grad = zkv.grad = None
+            torch.manual_seed(1)  # the same dropout draws
+            if standardised:
+                out = block.forward_standardised(zq, standardise(zkv, block.norm_kv), mask)
+            else:
+                out = block(zq, zkv, mask)
+            out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape))
+            results.append([out.detach(), zq.grad, zkv.grad] + [p.grad for p in block.parameters()])
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
 
 def test_perceiver_layers_are_cross_then_self_attention_blocks():

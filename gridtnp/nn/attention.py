@@ -75,20 +75,8 @@ def mlp(
 
 
 def standardise(z: Tensor, norm: nn.LayerNorm) -> Tensor:
-    """``norm(z)`` without its affine: ``(z - mean) / std`` over ``norm``'s shape, for ``fold_norm``."""
+    """``norm(z)`` without its affine: ``(z - mean) / std`` over ``norm``'s shape (see ``attend_standardised``)."""
     return F.layer_norm(z, norm.normalized_shape, eps=norm.eps)
-
-
-def fold_norm(norm: nn.LayerNorm, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """Weight and bias of ``linear(norm(z))`` as a linear map of ``standardise(z, norm)``:
-    ``(n * g + b) W^T + c = n (W * g)^T + (W b + c)``."""
-    if norm.weight is None:
-        return weight, bias
-    folded = weight * norm.weight
-    if norm.bias is None:
-        return folded, bias
-    shift = weight @ norm.bias
-    return folded, shift if bias is None else shift + bias
 
 
 def masked_mean(z: Tensor, mask: Tensor | None, dim: int = 1) -> Tensor:
@@ -155,16 +143,11 @@ class MultiHeadAttention(nn.Module):
         """``[B, N, H*Dh]`` -> ``[B, H, N, Dh]``."""
         return t.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
 
-    def kv_rows(self, kv: Tensor, norm: nn.LayerNorm | None = None) -> tuple[Tensor, Tensor]:
+    def kv_rows(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values ``[..., H*Dh]`` each, from ``kv [..., D]``: two products with the halves of ``to_kv``
-        (no ``[..., 2 H Dh]`` output to split, whose backward would copy both gradients back into one).
-
-        With ``norm``, ``kv`` is ``standardise(z, norm)`` and ``norm``'s affine is folded into the weights.
-        """
+        (no ``[..., 2 H Dh]`` output to split, whose backward would copy both gradients back into one)."""
         w_k, w_v = self.to_kv.weight.chunk(2)
         b_k, b_v = (None, None) if self.to_kv.bias is None else self.to_kv.bias.chunk(2)
-        if norm is not None:
-            (w_k, b_k), (w_v, b_v) = fold_norm(norm, w_k, b_k), fold_norm(norm, w_v, b_v)
         return F.linear(kv, w_k, b_k), F.linear(kv, w_v, b_v)
 
     def project_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,9 +160,40 @@ class MultiHeadAttention(nn.Module):
         k, v = self.project_kv(kv)
         return self.attend(q, k, v, mask)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    def attend_standardised(self, q: Tensor, nkv: Tensor, norm: nn.LayerNorm, mask: Tensor | None = None) -> Tensor:
+        """``attend(q, *project_kv(norm(kv)), mask)`` from ``nkv = standardise(kv, norm)`` ``[B, Nk, D]``, which
+        attentions that read the same ``kv`` can share; ``norm``'s affine ``n * g + b`` is folded into the weights.
+
+        The shift ``b`` moves every key by ``W_k b``, which adds ``q . W_k b`` to all of a query's logits: softmax
+        ignores it, so the keys need no bias. It moves every value by ``W_v b`` and, as a query's weights sum to one,
+        its output by the same: added once per query instead of once per key (not under dropout, whose weights do
+        not sum to one).
+        """
+        w_k, w_v = self.to_kv.weight.chunk(2)
+        b_v = None if self.to_kv.bias is None else self.to_kv.bias.chunk(2)[1]
+        if norm.bias is not None:
+            b_v = w_v @ norm.bias if b_v is None else w_v @ norm.bias + b_v
+        if norm.weight is not None:
+            w_k, w_v = w_k * norm.weight, w_v * norm.weight
+        k = F.linear(nkv, w_k)
+        if self.dropout and self.training:
+            v, b_v = F.linear(nkv, w_v, b_v), None
+        else:
+            v = F.linear(nkv, w_v)
+        return self.attend(q, self.split_heads(k), self.split_heads(v), mask, value_shift=b_v)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        value_shift: Tensor | None = None,
+    ) -> Tensor:
         """Attention from raw queries ``[B, Nq, D]`` to projected ``k, v [B, H, Nk, Dh]``; ``bias`` (broadcastable
-        to ``[B, H, Nq, Nk]``) is added to the logits."""
+        to ``[B, H, Nq, Nk]``) is added to the logits, ``value_shift [H*Dh]`` to the attention output (as if to
+        every value; only without dropout)."""
         qh = self.split_heads(self.to_q(q))
         attn_mask, has_key = attention_mask(mask, q.shape[1])
         if bias is not None:
@@ -189,12 +203,16 @@ class MultiHeadAttention(nn.Module):
         if few_keys(qh, k, dropout):
             out = explicit_attention(qh, k, v, attn_mask)
         else:
-            if qh.device.type == "cpu":
-                # The CPU flash kernel streams each head's keys and values; on the interleaved heads of
-                # split_heads it is about 8 % slower (128 queries, 10,000 keys) than on a contiguous copy.
+            if qh.device.type == "cpu" and (k.requires_grad or v.requires_grad):
+                # On the interleaved heads of split_heads the CPU flash kernel's backward pass is slower than on
+                # contiguous copies (forward+backward about 8 % at 128 queries and 10,000 keys); a forward pass
+                # alone does not repay the copies.
                 k, v = k.contiguous(), v.contiguous()
             out = F.scaled_dot_product_attention(qh, k, v, attn_mask=attn_mask, dropout_p=dropout)
-        out = self.out(out.transpose(1, 2).flatten(-2))
+        out = out.transpose(1, 2).flatten(-2)
+        if value_shift is not None:
+            out = out + value_shift.to(out.dtype)
+        out = self.out(out)
         if has_key is not None:
             out = out * has_key.to(out.dtype)
         return out
@@ -436,9 +454,7 @@ class CrossAttentionBlock(_PreNormBlock):
         ``zkv`` can share: ``norm_kv``'s affine is folded into the key and value weights. Plain attention only."""
         if self.attn.located:
             raise ValueError(f"forward_standardised takes plain attention; this block has {type(self.attn).__name__}.")
-        k, v = self.attn.kv_rows(nkv, self.norm_kv)
-        out = self.attn.attend(self.norm_q(zq), self.attn.split_heads(k), self.attn.split_heads(v), mask)
-        return self.mix(zq, out)
+        return self.mix(zq, self.attn.attend_standardised(self.norm_q(zq), nkv, self.norm_kv, mask))
 
 
 __all__ = [
@@ -451,7 +467,6 @@ __all__ = [
     "attention_mask",
     "explicit_attention",
     "few_keys",
-    "fold_norm",
     "masked_mean",
     "mlp",
     "standardise",
