@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from gridtnp.compiling import CompiledModel
+from gridtnp.training.compiling import CompiledModel
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

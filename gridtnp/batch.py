@@ -15,6 +15,20 @@ from torch import Tensor
 #: Source name used when a task has one context set.
 DEFAULT_SOURCE = "points"
 
+#: The per-task extras a batch may carry (``Batch.extras``): key -> (shape, who sets it and what reads it).
+#: Every extra is per task (leading dimension B); the shapes of these keys are checked when a batch is made.
+EXTRAS: dict[str, tuple[str, str]] = {
+    "target_scale": ("[B]", "std of the target variable in physical units: the *_physical metrics"),
+    "oracle_loglik": ("[B]", "mean per-target log-density under the true posterior (GP tasks): oracle_loglik"),
+    "kernel": ("[B]", "GP kernel family, an index as a float (1-D GP tasks): the true posterior in plots"),
+    "lengthscale": ("[B]", "GP lengthscale (1-D GP tasks): the true posterior in plots"),
+    "period": ("[B]", "GP period (1-D GP tasks): the true posterior in plots"),
+    "hour": ("[B]", "time index of the task's hour in the store (station tasks): predictions' time coordinate"),
+    "start_hour": ("[B]", "time index of the first hour (multi-source tasks): predictions' time coordinate"),
+    "is_context": ("[B, Nt]", "bool, the target was also a context point: the context/ and heldout/ metrics"),
+    "coarse_sq_err": ("[B, Nt]", "squared normalised error of the coarse-cell baseline: the baseline_* metrics"),
+}
+
 
 class BatchError(ValueError):
     """A batch whose tensors do not have the documented shapes or types."""
@@ -73,7 +87,7 @@ class Observations:
 
 @dataclass
 class Batch:
-    """Context per source (``{name: Observations}``), targets, and optional per-task extras [B]."""
+    """Context per source (``{name: Observations}``), targets, and optional per-task extras (``EXTRAS``)."""
 
     context: dict[str, Observations]
     target: Observations
@@ -92,6 +106,7 @@ class Batch:
                 raise BatchError(
                     f"context[{name!r}].x has Dx={obs.x.shape[-1]} but target.x has Dx={self.target.x.shape[-1]}."
                 )
+        self._check_extras()
         # Checked where batches are made (on the CPU), not again on every device transfer: that would sync the GPU.
         x = self.target.x
         if x.device.type == "cpu" and not torch.isfinite(x[self.target.mask]).all():
@@ -100,6 +115,20 @@ class Batch:
                 f"target.x has a NaN or infinite location (task {bad[0]}, point {bad[1]}): a prediction needs a "
                 "location. Drop the point, or mask it out (target mask False)."
             )
+
+    def _check_extras(self) -> None:
+        b, nt = self.target.x.shape[:2]
+        shapes = {"[B]": (b,), "[B, Nt]": (b, nt)}
+        for key, value in self.extras.items():
+            if key in EXTRAS:
+                want = shapes[EXTRAS[key][0]]
+                if not isinstance(value, Tensor) or tuple(value.shape) != want:
+                    raise BatchError(f"extras[{key!r}] must be {EXTRAS[key][0]} = {list(want)}; got {_shape(value)}.")
+            elif not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != b:
+                raise BatchError(
+                    f"extras[{key!r}] must be a per-task tensor [B, ...] with B = {b}; got {_shape(value)}. "
+                    f"Declared extras (gridtnp.batch.EXTRAS): {', '.join(EXTRAS)}."
+                )
 
     @property
     def batch_size(self) -> int:
@@ -118,30 +147,6 @@ class Batch:
             self.target.pin_memory(),
             {k: v.pin_memory() for k, v in self.extras.items()},
         )
-
-
-def make_observations(
-    x: Tensor, y: Tensor | None = None, mask: Tensor | None = None, name: str = "observations"
-) -> Observations:
-    """Observations from tensors, named for error messages."""
-    return Observations(x, y, mask, name)
-
-
-def pad_sets(xs: list[Tensor], ys: list[Tensor]) -> Observations:
-    """Pad variable-size sets ``x_i [N_i, Dx]``, ``y_i [N_i, Dy]`` into one masked ``Observations``.
-
-    For assembling a batch from user data; never used inside a model.
-    """
-    n = max((x.shape[0] for x in xs), default=0)
-    b = len(xs)
-    x_pad = xs[0].new_zeros(b, n, xs[0].shape[-1])
-    y_pad = ys[0].new_zeros(b, n, ys[0].shape[-1])
-    mask = torch.zeros(b, n, dtype=torch.bool, device=xs[0].device)
-    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        x_pad[i, : len(x)] = x
-        y_pad[i, : len(y)] = y
-        mask[i, : len(x)] = True
-    return Observations(x_pad, y_pad, mask)
 
 
 def _shape(t: object) -> str:

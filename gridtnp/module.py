@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.distributions import Normal
 
 from gridtnp.batch import Batch
-from gridtnp.compiling import CompiledModel
+from gridtnp.data.contract import optional
 from gridtnp.metrics import (
     COVERAGE_METRICS,
     PHYSICAL_METRICS,
@@ -24,11 +24,12 @@ from gridtnp.metrics import (
 from gridtnp.models.neural_process import build_model, count_parameters, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
-from gridtnp.scaling import report_training_scale
-from gridtnp.schedules import Schedule, budget_seconds, time_budget
+from gridtnp.training.compiling import CompiledModel
+from gridtnp.training.run_scale import report_training_scale
+from gridtnp.training.schedules import Schedule, budget_seconds, time_budget
 
 Spec = dict[str, Any]
-#: Checkpoint entry with the training data's description (``ERA5DataModule.variable_metadata``).
+#: Checkpoint entry with the training data's description (``StoreDataModule.variable_metadata``).
 DATA_KEY = "gridtnp_data"
 
 
@@ -77,21 +78,22 @@ class NeuralProcessModule(L.LightningModule):
         target_source: the source whose encoder embeds target locations (needed with several sources).
         target_dim_y: Dy of the targets when it differs from the target source's.
         grid: the model's grid ``{lower: [...], upper: [...], shape: [...], roll: [...]}`` for gridded models.
-        residual: ``{sources: [...], k: 4, lengthscale: 1.0}``: predict the departure from a kernel-weighted mean of
-            the nearest context values of those sources (``gridtnp.nn.anchors``; also ``weight``, ``adaptive``,
+        residual: ``{name: interpolation, sources: [...], k: 4}``: predict the departure from a kernel-weighted mean of
+            the nearest context values of those sources (``gridtnp.nn.residuals``; also ``weight``, ``adaptive``,
             ``departures``, ``spread``, ``regression``); null (default) predicts y itself.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.
         lr_schedule: after the warm-up, ``"constant"``, or ``"cosine"`` decay to 0 at the end of the run
-            (``trainer.max_steps``, or ``trainer.max_time`` when that stops the run first: ``gridtnp.schedules``):
+            (``trainer.max_steps``, or ``trainer.max_time`` when that stops the run first; see
+            ``gridtnp.training.schedules``):
             steadier short runs.
         cos_latitude_weighting: weight evaluation metrics by cos(latitude) (targets with latitude in degrees).
         latitude_dim: the column of the target ``x`` that holds the latitude (used with ``cos_latitude_weighting``).
         variance_calibration: fit a post-hoc scale of the predictive std per output on the validation set and
             apply it at test and predict time (see above); off by default.
         compile: run the model through ``torch.compile`` (CPU needs a C compiler); where compiling fails, one
-            warning names the reason and the model runs eagerly (``gridtnp.compiling.CompiledModel``).
+            warning names the reason and the model runs eagerly (``gridtnp.training.compiling.CompiledModel``).
     """
 
     def __init__(
@@ -149,7 +151,7 @@ class NeuralProcessModule(L.LightningModule):
         self.lr_schedule = lr_schedule
         dim_x_model = self.model.dim_x
         if cos_latitude_weighting and not -dim_x_model <= latitude_dim < dim_x_model:
-            raise ValueError(
+            raise ConfigError(
                 f"cos_latitude_weighting: latitude_dim {latitude_dim} is not a column of the model's "
                 f"{dim_x_model}-dimensional inputs; give the index of the latitude (in degrees)."
             )
@@ -168,13 +170,13 @@ class NeuralProcessModule(L.LightningModule):
             self.register_buffer("std_scale", torch.ones(dim_y))
             self.register_buffer("std_scale_fitted", torch.tensor(False))
             self.calibration_sums = StandardisedSquareByOutput(dim_y)
-        #: What the checkpoint keeps of the training data (``ERA5DataModule.variable_metadata``), or None.
+        #: What the checkpoint keeps of the training data (``StoreDataModule.variable_metadata``), or None.
         self.data_metadata: dict[str, Any] | None = None
 
     def setup(self, stage: str) -> None:
         """Check that the DataModule's tasks have the inputs and sources the model was built for."""
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        dim_x, dim_y = getattr(datamodule, "dim_x", None), getattr(datamodule, "dim_y", None)
+        dim_x, dim_y = optional(datamodule, "dim_x"), optional(datamodule, "dim_y")
         name = type(datamodule).__name__
         if isinstance(dim_x, int) and dim_x != self.model.dim_x:
             raise ConfigError(
@@ -233,13 +235,8 @@ class NeuralProcessModule(L.LightningModule):
         weight = point_weights(target.valid(), target.x, self.latitude_dim)  # [B, Nt]
         mean, std = dist.mean, dist.stddev
         subsets = {"": weight}
-        is_context = batch.extras.get("is_context")
+        is_context = batch.extras.get("is_context")  # [B, Nt], checked by Batch
         if is_context is not None:
-            if is_context.shape != weight.shape:
-                raise ValueError(
-                    f"extras['is_context'] must be [B, Nt] = {list(weight.shape)}, aligned with the targets; got "
-                    f"{list(is_context.shape)}."
-                )
             subsets["context/"] = weight * is_context
             subsets["heldout/"] = weight * ~is_context.bool()
         if stage == "val" and self.variance_calibration:
@@ -308,7 +305,7 @@ class NeuralProcessModule(L.LightningModule):
         """Keep the data's normalisation statistics, names and units (``gridtnp_data``) with the weights."""
         metadata = self.data_metadata
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        describe = getattr(datamodule, "variable_metadata", None)
+        describe = optional(datamodule, "variable_metadata")
         if callable(describe):
             metadata = describe() or metadata
         if metadata:

@@ -8,7 +8,7 @@ coastlines with cartopy when it is installed and the coordinates are geographic 
 degrees); plain axes otherwise. ``standardised_errors(batch, dist)``: ``(y - mean) / std`` of the valid targets.
 
 ``PlotCallback`` logs the figures of the first validation batch to TensorBoard; ``gridtnp plot``
-(``gridtnp.cli.plot_main``) writes them as PNG files from a checkpoint.
+(``gridtnp.cli.main.plot_main``) writes them as PNG files from a checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 
 from gridtnp.batch import Batch, Observations
+from gridtnp.data.contract import optional, task_posterior
 from gridtnp.metrics import central_interval_halfwidth
 
 Predictor = Callable[[dict[str, Observations], Tensor], Distribution]
@@ -307,12 +308,12 @@ def evaluation_figures(
 
 def is_geographic(datamodule: Any) -> bool:
     """Whether a DataModule's inputs are ``(latitude, longitude)`` in degrees: its ``geographic`` attribute."""
-    return bool(getattr(datamodule, "geographic", False))
+    return bool(optional(datamodule, "geographic"))
 
 
 def oracle_posterior(datamodule: Any) -> Callable[[Batch, Tensor], tuple[Tensor, Tensor] | None] | None:
     """The task's true posterior (``task.posterior``, e.g. the 1-D GP's), if the DataModule's task has one."""
-    return getattr(getattr(datamodule, "task", None), "posterior", None)
+    return task_posterior(datamodule)
 
 
 # ----------------------------------------------------------------------------------------------------- callback

@@ -29,6 +29,7 @@ import xarray as xr
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
+from gridtnp.data.contract import optional
 from gridtnp.data.stations import snap_to_grid
 from gridtnp.files import check_output, replacing
 from gridtnp.registry import ConfigError
@@ -76,7 +77,7 @@ class PredictionWriter(BasePredictionWriter):
         if not outputs:
             return
         datamodule = trainer.datamodule
-        convert = getattr(datamodule, "predictions_to_xarray", None)
+        convert = optional(datamodule, "predictions_to_xarray")
         ds = convert(outputs) if convert is not None else raw_predictions(outputs)
         ds.attrs["checkpoint"] = str(trainer.ckpt_path) if trainer.ckpt_path else "none (initial weights)"
         ds.attrs["recipe"] = ", ".join(self.recipe) or "none"

@@ -7,11 +7,10 @@ from torch import nn
 from gridtnp.nn.attention import (
     CrossAttentionBlock,
     MultiHeadAttention,
-    NarrowLinear,
     SelfAttentionBlock,
     masked_mean,
-    mlp,
 )
+from gridtnp.nn.mlp import NarrowLinear, mlp
 
 
 def reference_attention(mha: MultiHeadAttention, q, kv, mask):

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from gridtnp import NeuralProcessModule
-from gridtnp.checkpointing import (
+from gridtnp.data import SyntheticDataModule
+from gridtnp.data.datamodules import ShardSampler, TrainTaskStream, _EpochLoader
+from gridtnp.registry import build_from_spec
+from gridtnp.training.checkpointing import (
     AtomicCheckpointIO,
     Checkpoint,
     CheckpointError,
@@ -17,9 +20,6 @@ from gridtnp.checkpointing import (
     resume_checkpoint,
     verify_checkpoint,
 )
-from gridtnp.data import SyntheticDataModule
-from gridtnp.data.datamodules import ShardSampler, TrainTaskStream, _EpochLoader
-from gridtnp.registry import build_from_spec
 from tests.recording import Record, read_records
 
 

@@ -1,4 +1,4 @@
-"""``compile: true`` (gridtnp.compiling.CompiledModel): the eager fallback and its one warning.
+"""``compile: true`` (gridtnp.training.compiling.CompiledModel): the eager fallback and its one warning.
 
 Real compilation takes minutes on a small CPU, so these tests replace ``torch.compile`` by stand-ins; the speed-up
 of the real thing is measured in benchmarks (docs/performance.md).
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from gridtnp import NeuralProcessModule
-from gridtnp.compiling import CompiledModel
+from gridtnp.training.compiling import CompiledModel
 
 
 class Broken:

@@ -12,9 +12,9 @@ from torch.distributions import Normal
 from torch.utils.data import DataLoader
 
 from gridtnp import NeuralProcessModule
-from gridtnp.batch import Batch, Observations
+from gridtnp.batch import Batch, BatchError, Observations
+from gridtnp.cli.reports import format_metrics
 from gridtnp.metrics import MeanSquaredStandardisedError, PhysicalLogLikelihood, evaluation_metrics
-from gridtnp.reports import format_metrics
 
 
 def hand_made_batch(seed: int = 0, b: int = 3, n: int = 8) -> Batch:
@@ -95,14 +95,16 @@ def trainer_metrics(module: NeuralProcessModule) -> dict[str, torch.Tensor]:
     return dict(module.trainer.callback_metrics)
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-def test_is_context_must_be_aligned_with_the_targets() -> None:
+def test_extras_must_have_their_declared_shapes() -> None:
     batch = hand_made_batch()
-    batch.extras["is_context"] = batch.extras["is_context"][:, :3]
-    module = NeuralProcessModule(preset="cnp", dim=8, dim_x=1)
-    module.forward = fixed_predictive
-    with pytest.raises(ValueError, match=r"is_context.*\[B, Nt\] = \[3, 8\]"):
-        module._evaluate(batch, "val")
+    misaligned = {**batch.extras, "is_context": batch.extras["is_context"][:, :3]}
+    with pytest.raises(BatchError, match=r"is_context.*\[B, Nt\] = \[3, 8\]"):
+        Batch(batch.context, batch.target, misaligned)
+    with pytest.raises(BatchError, match=r"target_scale.*\[B\] = \[3\]"):
+        Batch(batch.context, batch.target, {"target_scale": torch.ones(3, 1)})
+    with pytest.raises(BatchError, match=r"per-task tensor.*Declared extras"):
+        Batch(batch.context, batch.target, {"my_note": torch.ones(2)})
+    assert Batch(batch.context, batch.target, {"my_note": torch.ones(3, 5)}).extras["my_note"].shape == (3, 5)
 
 
 def test_mean_z2_and_loglik_physical_closed_forms() -> None:

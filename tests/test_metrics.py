@@ -24,6 +24,7 @@ from gridtnp.metrics import (
     point_weights,
     task_log_likelihood,
 )
+from gridtnp.registry import ConfigError
 
 
 def calibrated_draws(b: int = 64, n: int = 4096, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -219,7 +220,7 @@ def test_module_weights_evaluation_by_cos_latitude() -> None:
     from gridtnp import NeuralProcessModule
     from gridtnp.batch import Batch, Observations
 
-    with pytest.raises(ValueError, match="latitude_dim 2"):
+    with pytest.raises(ConfigError, match="latitude_dim 2"):
         NeuralProcessModule(preset="cnp", dim=8, dim_x=2, cos_latitude_weighting=True, latitude_dim=2)
     module = NeuralProcessModule(preset="cnp", dim=8, dim_x=2, cos_latitude_weighting=True, latitude_dim=0)
     x = torch.tensor([[[0.0, 5.0], [60.0, 5.0]]])

@@ -167,7 +167,7 @@ def test_every_synthetic_recipe_builds_and_runs_a_batch(recipe):
 
 def test_last_checkpoint_holds_the_final_weights(tmp_path):
     """With a monitored best checkpoint, last.ckpt must still be the newest model, not the best one."""
-    from gridtnp.cli import Checkpoint
+    from gridtnp.training.checkpointing import Checkpoint
 
     L.seed_everything(0)
     data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=4, train_batches=2, val_batches=1)

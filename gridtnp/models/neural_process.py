@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from gridtnp.batch import DEFAULT_SOURCE, Observations
-from gridtnp.nn.anchors import ContextInterpolation, shift_mean
 from gridtnp.nn.grids import Grid, as_grid
+from gridtnp.nn.residuals import InterpolationResidual, shift_mean
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import ConfigError, accepted_arguments, get, spec_arguments, with_defaults
 from gridtnp.registry import build as build_component
@@ -48,7 +48,7 @@ class NeuralProcess(nn.Module):
         dim_x: int,
         target_source: str,
         grid: Grid | None = None,
-        residual: ContextInterpolation | None = None,
+        residual: InterpolationResidual | None = None,
     ) -> None:
         super().__init__()
         self.encoders = encoders
@@ -79,20 +79,20 @@ class NeuralProcess(nn.Module):
         latent = self.grid_encoder(tokens)
         states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
-        anchor = near = None
+        base = near = None
         if self.residual is not None:
-            anchor, features, near = self.residual(observed, xt)
+            base, features, near = self.residual(observed, xt)
             zt = zt + self.residual.target_features(features).to(zt.dtype)
         if getattr(self.grid_decoder, "takes_context", False):  # a decoder with a skip connection from the context
             zt = self.grid_decoder(states, zt, xt, context=tokens)
         else:
             zt = self.grid_decoder(states, zt, xt)
         dist = self.likelihood(zt)
-        if anchor is None:
+        if base is None:
             return dist
         if self.residual.adaptive:
-            anchor = anchor + self.residual.adapt(near, zt)
-        return shift_mean(dist, anchor, near.spread)
+            base = base + self.residual.adapt(near, zt)
+        return shift_mean(dist, base, near.spread)
 
     def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:
         """Warn when targets or context lie beyond a gridded model's grid by more than half a cell: the model clamps
@@ -260,45 +260,10 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
     )
     likelihood, expanded["likelihood"] = build("likelihood", spec["likelihood"], dim=dim, dim_y=target_dim_y)
     residual = None
-    if spec.get("residual") is not None:
-        residual_spec = spec["residual"]
-        if not isinstance(residual_spec, dict) or "sources" not in residual_spec:
-            raise ConfigError(f"residual must be a mapping such as {{sources: [grid], k: 4}}; got {residual_spec!r}.")
-        allowed = (
-            "sources",
-            "k",
-            "lengthscale",
-            "weight",
-            "departures",
-            "adaptive",
-            "spread",
-            "spread_power",
-            "regression",
+    if spec.get("residual") is not None:  # optional: the mean as a context interpolation plus the network's residual
+        residual, expanded["residual"] = build(
+            "residual", spec["residual"], dim=dim, dim_x=dim_x, dim_y=target_dim_y, source_dims=sources
         )
-        unknown = set(residual_spec) - set(allowed)
-        if unknown:
-            raise ConfigError(f"residual has unknown key(s) {sorted(unknown)}; allowed: {', '.join(allowed)}.")
-        try:
-            residual = ContextInterpolation(
-                dim_y=target_dim_y, source_dims=sources, dim=dim, dim_x=dim_x, **residual_spec
-            )
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
-        expanded["residual"] = {
-            "sources": residual.sources,
-            "k": residual.k,
-            "lengthscale": residual.lengthscale,
-            "weight": residual.weight,
-        }
-        if residual.departures is not None:
-            expanded["residual"]["departures"] = dict(residual.departures)
-        if residual.adaptive:
-            expanded["residual"]["adaptive"] = True
-        if residual.regression is not None:
-            expanded["residual"]["regression"] = dict(residual.regression)
-        if residual.spread is not None:
-            expanded["residual"]["spread"] = residual.spread
-            expanded["residual"]["spread_power"] = residual.spread_power
     model = NeuralProcess(
         encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual
     )

@@ -1,6 +1,7 @@
 """Pipeline components, one module (or package) per stage, in the order data flows through them:
 
-``embeddings`` -> ``encoders`` -> ``grid_encoders`` -> ``processors`` -> ``grid_decoders`` -> ``likelihoods``.
+``embeddings`` -> ``encoders`` -> ``grid_encoders`` -> ``processors`` -> ``grid_decoders`` -> ``likelihoods``
+(and, optionally, ``residuals``: the mean as a context interpolation plus what the network predicts).
 Layers they share: ``attention`` (plain and translation-equivariant attention, the pre-norm blocks), ``grids``
 (coordinates, index arithmetic, kernels), ``chunking`` (bounded-memory pairwise work) and ``tokens`` (the
 containers passed between stages). Model families (TE-TNPs, MSA/TFS, ...) are presets over these stages
@@ -14,4 +15,5 @@ from gridtnp.nn import (  # noqa: F401  (importing registers every component)
     grid_encoders,
     likelihoods,
     processors,
+    residuals,
 )

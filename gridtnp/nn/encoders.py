@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import mlp
+from gridtnp.nn.mlp import mlp
 from gridtnp.registry import build_from_spec, register
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import CrossAttentionBlock, mlp
+from gridtnp.nn.attention import CrossAttentionBlock
 from gridtnp.nn.grids import (
     Grid,
     coarsen_grid,
@@ -31,6 +31,7 @@ from gridtnp.nn.grids import (
     initial_lengthscale,
     se_weights,
 )
+from gridtnp.nn.mlp import mlp
 from gridtnp.nn.setconv import grid_sum
 from gridtnp.nn.single_query import segment_attention
 from gridtnp.nn.tokens import Latent, Tokens, concat_sources, zero_padding

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-from gridtnp.nn.attention import mlp
+from gridtnp.nn.mlp import mlp
 from gridtnp.registry import register
 
 

@@ -1,6 +1,7 @@
 """The ERA5 task DataModules; importing this package registers them (``era5_stations``, ``era5_multisource``).
 
-* ``base``: ``ERA5DataModule``, what both share (a prepared store or the embedded sample, date splits, chunk cache).
+Both derive from ``gridtnp.data.store_datamodule.StoreDataModule`` (a prepared store or the embedded sample).
+
 * ``station_reanalysis``: ``StationReanalysisDataModule``, station + reanalysis tasks; ``station_tasks``: its sampler;
   ``blocks``: the per-task block layouts of its coarse context.
 * ``multisource``: ``MultiSourceDataModule``, multi-source spatio-temporal tasks, ``Source`` and its sampler.

@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from gridtnp.batch import Batch
 from gridtnp.data.datamodules import check_counts, generator_from
-from gridtnp.data.era5.base import SAMPLE_TRAIN_DATES, ERA5DataModule, check_fraction_range, masked_observations
 from gridtnp.data.era5.to_xarray import Variable, window_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
 from gridtnp.data.store import ChunkCache, normalisation_stats, select
+from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range, masked_observations
 from gridtnp.registry import ConfigError, register
 
 
@@ -161,7 +161,7 @@ class _WindowPredictSet(Dataset):
 
 
 @register("datamodule", "era5_multisource")
-class MultiSourceDataModule(ERA5DataModule):
+class MultiSourceDataModule(StoreDataModule):
     """Multi-source spatio-temporal tasks: each variable / pressure level a context source, over a box and T hours.
 
     The gridded TNP paper's wind experiment: each variable / pressure level is its own context source over a

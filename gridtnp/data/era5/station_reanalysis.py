@@ -18,12 +18,12 @@ import xarray as xr
 from torch.utils.data import DataLoader
 
 from gridtnp.data.datamodules import check_counts
-from gridtnp.data.era5.base import SAMPLE_TRAIN_DATES, ERA5DataModule, check_fraction_range
 from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationReanalysisTask
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
 from gridtnp.data.stations import snap_to_grid
 from gridtnp.data.store import normalisation_stats
+from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range
 from gridtnp.registry import ConfigError, register
 
 
@@ -40,7 +40,7 @@ def check_offset(where: str, name: str, value: Sequence[int], factors: Sequence[
 
 
 @register("datamodule", "era5_stations")
-class StationReanalysisDataModule(ERA5DataModule):
+class StationReanalysisDataModule(StoreDataModule):
     """Station + reanalysis tasks: coarse ERA5 on the grid and some stations as context, other stations as targets.
 
     The gridded TNP paper's station experiment has skt on the grid and t2m at the stations (``grid_variables:
@@ -309,7 +309,7 @@ class StationReanalysisDataModule(ERA5DataModule):
         return out
 
     def variable_metadata(self) -> dict[str, Any] | None:
-        """The ERA5 DataModules' record (``ERA5DataModule.variable_metadata``), plus, when the values are departures
+        """The ERA5 DataModules' record (``StoreDataModule.variable_metadata``), plus, when the values are departures
         from the training dates' hourly climatology, that climatology: ``{"latitude": [H], "longitude": [W],
         "variables": {name: [24, H, W]}}`` (tensors, so that ``gridtnp.predictions.predict`` can serve a checkpoint
         alone; 24 x H x W floats per variable)."""

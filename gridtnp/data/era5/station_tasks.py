@@ -16,9 +16,9 @@ from torch.utils.data import Dataset
 
 from gridtnp.batch import Batch
 from gridtnp.data.datamodules import generator_from
-from gridtnp.data.era5.base import masked_observations
 from gridtnp.data.era5.blocks import BlockLayout, draw_layouts
 from gridtnp.data.store import ChunkCache
+from gridtnp.data.store_datamodule import masked_observations
 
 
 class Split:

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, mlp, te_attention
+from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, te_attention
 from gridtnp.nn.grids import Grid, initial_lengthscale
+from gridtnp.nn.mlp import mlp
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.nn.setconv import grid_interpolate
 from gridtnp.nn.single_query import neighbour_attention

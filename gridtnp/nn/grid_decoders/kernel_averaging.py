@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import attention_mask, mlp
+from gridtnp.nn.attention import attention_mask
 from gridtnp.nn.grid_decoders.gridded import gather_rows
 from gridtnp.nn.grid_decoders.interpolation import check_final
 from gridtnp.nn.grids import Grid
+from gridtnp.nn.mlp import mlp
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.nn.tokens import Latent
 from gridtnp.registry import register

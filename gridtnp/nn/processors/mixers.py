@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import mlp
+from gridtnp.nn.mlp import mlp
 from gridtnp.nn.processors.checks import check_layers
 from gridtnp.nn.tokens import Latent
 from gridtnp.registry import register

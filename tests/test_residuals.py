@@ -9,7 +9,7 @@ import torch
 from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.models.neural_process import expand_spec
-from gridtnp.nn.anchors import ContextInterpolation, shape_basis, shift_mean
+from gridtnp.nn.residuals import InterpolationResidual, shape_basis, shift_mean
 from gridtnp.registry import ConfigError
 
 
@@ -45,7 +45,7 @@ def test_matches_brute_force_over_two_sources_with_padding():
     va[2], vb[2] = False, False  # a task with no context at all
     va[1, 3:] = False  # a task with fewer valid points than k
     xt = torch.rand(3, 11, 2, dtype=torch.float64) * 4
-    interp = ContextInterpolation(
+    interp = InterpolationResidual(
         ["a", "b"],
         dim_y=1,
         source_dims={"a": 3, "b": 1},
@@ -64,7 +64,7 @@ def test_each_source_keeps_its_k_nearest():
     # Three station points right at the target must not push the coarse field's two points out of the average.
     coarse = (torch.tensor([[[-1.0], [1.0]]]), torch.tensor([[[10.0], [20.0]]]), torch.ones(1, 2, dtype=torch.bool))
     stations = (torch.tensor([[[0.01], [0.02], [0.03]]]), torch.zeros(1, 3, 1), torch.ones(1, 3, dtype=torch.bool))
-    interp = ContextInterpolation(
+    interp = InterpolationResidual(
         ["coarse", "stations"],
         1,
         {"coarse": 1, "stations": 1},
@@ -83,7 +83,7 @@ def test_each_source_keeps_its_k_nearest():
 def test_targets_on_context_points_get_their_values():
     x = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
     y = torch.tensor([[[2.0], [-1.0], [5.0]]])
-    interp = ContextInterpolation(["s"], dim_y=1, source_dims={"s": 1}, k=3, lengthscale=0.05)
+    interp = InterpolationResidual(["s"], dim_y=1, source_dims={"s": 1}, k=3, lengthscale=0.05)
     torch.testing.assert_close(interp({"s": (x, y, torch.ones(1, 3, dtype=torch.bool))}, x)[0], y)
 
 
@@ -92,7 +92,7 @@ def test_the_share_of_an_exact_source_marks_observed_targets():
     # coarse field: the share the model embeds into the target tokens.
     coarse = (torch.tensor([[[0.0], [1.0]]]), torch.zeros(1, 2, 1), torch.ones(1, 2, dtype=torch.bool))
     stations = (torch.tensor([[[0.3]]]), torch.ones(1, 1, 1), torch.ones(1, 1, dtype=torch.bool))
-    interp = ContextInterpolation(
+    interp = InterpolationResidual(
         ["coarse", "stations"],
         1,
         {"coarse": 1, "stations": 1},
@@ -117,7 +117,7 @@ def residual_model(residual):
         "processor": {"name": "transformer", "layers": 1},
         "grid_decoder": {"name": "cross_attention", "layers": 1},
         "likelihood": {"name": "gaussian"},
-        "residual": residual,
+        "residual": {"name": "interpolation", **residual} if isinstance(residual, dict) else residual,
     }
     return spec, build_model(spec)
 
@@ -148,13 +148,14 @@ def test_model_mean_is_the_interpolation_plus_the_network():
 def test_spec_round_trip_and_errors():
     spec, model = residual_model({"sources": ["grid"]})
     expanded = expand_spec(spec)
-    assert expanded["residual"] == {"sources": ["grid"], "k": 4, "lengthscale": {"grid": 1.0}, "weight": {"grid": 1.0}}
+    assert expanded["residual"]["name"] == "interpolation" and expanded["residual"]["sources"] == ["grid"]
+    assert expanded["residual"]["k"] == 4 and expanded["residual"]["source_dims"] == {"grid": 2, "stations": 1}
     assert sum(p.numel() for p in build_model(expanded).parameters()) == sum(p.numel() for p in model.parameters())
     with pytest.raises(ConfigError, match="model's context sources"):
         residual_model({"sources": ["radar"]})
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match="unknown argument"):
         residual_model({"sources": ["grid"], "kernel": "se"})
-    with pytest.raises(ConfigError, match="a mapping such as"):
+    with pytest.raises(ConfigError, match="mapping with a 'name' key"):
         residual_model(["grid"])
     with pytest.raises(ConfigError, match="k >= 1"):
         residual_model({"sources": ["grid"], "k": 0})
@@ -170,7 +171,7 @@ def test_departures_spread_observed_anomalies_like_residual_kriging():
     xs = torch.rand(2, 6, 2) * 4
     stations = (xs, torch.randn(2, 6, 1), torch.tensor([[True] * 6, [True] * 4 + [False] * 2]))
     stations = (xs * stations[2][..., None], stations[1] * stations[2][..., None], stations[2])
-    interp = ContextInterpolation(
+    interp = InterpolationResidual(
         ["coarse"],
         1,
         {"coarse": 1, "stations": 1},
@@ -201,7 +202,7 @@ def test_departures_spread_observed_anomalies_like_residual_kriging():
     torch.testing.assert_close(features[..., :1], share)
     assert features.shape[-1] == interp.num_features == 4
     # A large weight makes the prediction at an observed station (nearly) its observation.
-    exact = ContextInterpolation(
+    exact = InterpolationResidual(
         ["coarse"],
         1,
         {"coarse": 1, "stations": 1},
@@ -216,7 +217,7 @@ def test_departures_spec_round_trip_and_errors():
     departures = {"source": "stations", "k": 6}
     spec, model = residual_model({"sources": ["grid"], "departures": departures})
     expanded = expand_spec(spec)
-    assert expanded["residual"]["departures"] == {"source": "stations", "k": 6, "lengthscale": 0.5, "weight": 1.0}
+    assert expanded["residual"]["departures"] == departures
     assert sum(p.numel() for p in build_model(expanded).parameters()) == sum(p.numel() for p in model.parameters())
     grid = Observations(torch.rand(2, 12, 2), torch.randn(2, 12, 2))
     stations = Observations(torch.rand(2, 5, 2), torch.randn(2, 5, 1), torch.rand(2, 5) > 0.5)
@@ -239,7 +240,7 @@ def test_adaptive_reweights_neighbours_by_direction():
     # weight exp(c o_x): checked against the softmax written out, and the gradient reaches the map.
     coarse_x = torch.tensor([[[-1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
     coarse = (coarse_x, torch.tensor([[[0.0], [10.0], [4.0]]]), torch.ones(1, 3, dtype=torch.bool))
-    interp = ContextInterpolation(["coarse"], 1, {"coarse": 1}, k=3, lengthscale=2.0, dim=4, adaptive=True, dim_x=2)
+    interp = InterpolationResidual(["coarse"], 1, {"coarse": 1}, k=3, lengthscale=2.0, dim=4, adaptive=True, dim_x=2)
     xt, zt = torch.zeros(1, 1, 2), torch.ones(1, 1, 4)
     _, _, near = interp({"coarse": coarse}, xt)
     assert (interp.adapt(near, zt) == 0).all()
@@ -277,7 +278,7 @@ def test_spread_scales_the_std_by_the_days_station_departures():
     coarse = (torch.randn(2, 6, 2), torch.randn(2, 6, 1), torch.ones(2, 6, dtype=torch.bool))
     valid = torch.tensor([[True, True, False, True], [False, False, False, False]])  # task 2: no station
     stations = (torch.randn(2, 4, 2), torch.randn(2, 4, 1) * valid.unsqueeze(-1), valid)
-    interp = ContextInterpolation(
+    interp = InterpolationResidual(
         ["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, k=3, lengthscale=0.8, dim=4, spread="stations"
     )
     xt = torch.randn(2, 5, 2)
@@ -361,13 +362,13 @@ def test_regression_adds_the_place_coefficients_times_the_local_shape():
     stations = (torch.randn(1, 3, 2), torch.randn(1, 3, 1), torch.ones(1, 3, dtype=torch.bool))
     context = {"coarse": coarse, "stations": stations}
     kwargs = {"k": 3, "lengthscale": {"coarse": 1.5, "stations": 0.6}, "dim": 4}
-    plain = ContextInterpolation(["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, **kwargs)
-    interp = ContextInterpolation(
+    plain = InterpolationResidual(["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, **kwargs)
+    interp = InterpolationResidual(
         ["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, **kwargs, regression={"grid": LATTICE}
     )
     assert interp.regression["sources"] == ["coarse"]  # default: the first interpolated source
     assert "lengthscale" not in interp.regression  # default: the interpolation's, shared
-    interp = ContextInterpolation(
+    interp = InterpolationResidual(
         ["coarse", "stations"],
         1,
         {"coarse": 1, "stations": 1},
@@ -403,7 +404,7 @@ def test_regression_leaves_observed_stations_and_round_trips():
             "regression": regression,
         }
     )
-    assert expand_spec(spec)["residual"]["regression"] == {**regression, "lr_scale": 10.0}
+    assert expand_spec(spec)["residual"]["regression"] == regression
     with torch.no_grad():
         model.residual.coefficients.table.normal_()
     grid = Observations(torch.rand(2, 12, 2) * 4 - 2, torch.randn(2, 12, 2))

@@ -20,8 +20,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from gridtnp.checkpointing import CheckpointError
 from gridtnp.registry import ConfigError, accepted_arguments
+from gridtnp.training.checkpointing import CheckpointError
 
 
 def check_checkpoint_model(ckpt_path: str | os.PathLike, model_config: Any) -> None:

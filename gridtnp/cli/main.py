@@ -27,7 +27,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from gridtnp.checkpointing import (
+from gridtnp.cli.guards import argument_error_line, check_checkpoint_model, find_config_error, is_plot_folder
+from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party
+from gridtnp.files import check_output, is_url
+from gridtnp.registry import KINDS, ConfigError, available, describe, document
+from gridtnp.training.checkpointing import (
     LOGGER_VERSION,
     Checkpoint,
     SaveConfig,
@@ -36,12 +40,8 @@ from gridtnp.checkpointing import (
     checkpoint_step,
     resume_checkpoint,
 )
-from gridtnp.files import check_output, is_url
-from gridtnp.guards import argument_error_line, check_checkpoint_model, find_config_error, is_plot_folder
-from gridtnp.registry import KINDS, ConfigError, available, describe, document
-from gridtnp.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party
 
-__all__ = ["Checkpoint", "GridTNPCLI", "main"]
+__all__ = ["GridTNPCLI", "main"]
 
 
 class GridTNPCLI(LightningCLI):
@@ -423,6 +423,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"gridtnp: error: {config_error}", file=sys.stderr)
         raise SystemExit(2) from None
 
-
-if __name__ == "__main__":
-    main()

@@ -1,13 +1,13 @@
-"""What the ERA5 DataModules share: ``ERA5DataModule`` (a prepared store or the embedded sample, date splits, a
-chunk cache) and helpers of their task samplers.
+"""``StoreDataModule``: the base of every DataModule that reads a prepared Zarr store (``gridtnp data prepare``) or
+the embedded sample (date splits, a chunk cache), and helpers of their task samplers.
 
-* ``ERA5DataModule(store, dates, ...)``: ``store_path()``, ``prepare_data()``, ``open(variables)``,
+* ``StoreDataModule(store, dates, ...)``: ``store_path()``, ``prepare_data()``, ``open(variables)``,
   ``chunk_cache(variables, region)``, ``split_hours(ds, path) -> {split: time indices [T]}``.
 * ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
 * ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
 * ``check_fraction_range(where, name, (a, b))``: ``0 <= a <= b <= 1``, or a ``ConfigError``.
 
-``ERA5DataModule.variable_metadata()`` describes the data for checkpoints (``NeuralProcessModule`` saves it), so
+``StoreDataModule.variable_metadata()`` describes the data for checkpoints (``NeuralProcessModule`` saves it), so
 that ``gridtnp.predictions.predict`` can normalise a user's physical-unit inputs from a checkpoint alone.
 """
 
@@ -52,7 +52,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("GRIDTNP_CACHE") or Path.home() / ".cache" / "gridtnp")
 
 
-class ERA5DataModule(TaskDataModule):
+class StoreDataModule(TaskDataModule):
     """What the ERA5 DataModules share: a prepared store (or the embedded sample), date splits and loaders.
 
     ``store=None`` prepares the embedded ERA5 sample once into ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``)

@@ -1,13 +1,13 @@
 """Residual prediction: the predictive mean as an interpolation of the context values plus what the network adds.
 
-``residual: {sources: [grid], k: 4}`` in a model's spec makes the network predict the departure of the target from
-a kernel-weighted mean of the ``k`` nearest context values of the named sources (``ContextInterpolation``), as
-statistical downscaling predicts a station's departure from the coarse field, and super-resolution networks the
-residual over an interpolated image. The interpolation is exact where a target coincides with a context point of a
-listed source (for a lengthscale well below the point spacing), so observed values come back unless the network
-learns otherwise, and the network's output only has to carry the sub-grid part. Listed sources must hold the
-target's variable(s) in the same normalised units, in their first ``Dy`` value columns (the gridded and station
-sources of ``StationReanalysisDataModule`` do, extra time-feature columns come after).
+``residual: {name: interpolation, sources: [grid], k: 4}`` in a model's spec makes the network predict the
+departure of the target from a kernel-weighted mean of the ``k`` nearest context values of the named sources
+(``InterpolationResidual``), as statistical downscaling predicts a station's departure from the coarse field, and
+super-resolution networks the residual over an interpolated image. The interpolation is exact where a target
+coincides with a context point of a listed source (for a lengthscale well below the point spacing), so observed
+values come back unless the network learns otherwise, and the network's output only has to carry the sub-grid part.
+Listed sources must hold the target's variable(s) in the same normalised units, in their first ``Dy`` value columns
+(the gridded and station sources of ``StationReanalysisDataModule`` do, extra time-feature columns come after).
 
 ``spread: stations`` lets the day's difficulty reach the predictive std: how far the listed source's observations
 stray from the interpolation of the other sources today (the sub-grid spread the coarse field misses) scales every
@@ -39,8 +39,10 @@ from torch.distributions import Distribution, Normal
 
 from gridtnp.nn.embeddings import LearnedGridEmbedding
 from gridtnp.nn.neighbours import knn_points
+from gridtnp.registry import register
 
-SPREAD_PRIOR_POINTS = 4.0  # pseudo-observations at nu_0 in the spread estimate (see ContextInterpolation's spread)
+WHERE = "residual 'interpolation'"  # how error messages name this component
+SPREAD_PRIOR_POINTS = 4.0  # pseudo-observations at nu_0 in the spread estimate (see InterpolationResidual's spread)
 
 
 def number(value: Any, what: str, positive: bool = True) -> float:
@@ -50,7 +52,7 @@ def number(value: Any, what: str, positive: bool = True) -> float:
         or not (isinstance(value, int | float) and math.isfinite(value))
         or (positive and value <= 0)
     ):
-        raise ValueError(f"residual: {what} must be finite{' and > 0' if positive else ''}; got {value!r}.")
+        raise ValueError(f"{WHERE}: {what} must be finite{' and > 0' if positive else ''}; got {value!r}.")
     return float(value)
 
 
@@ -75,7 +77,8 @@ def shape_basis(offsets: Tensor) -> Tensor:
     return torch.cat([offsets, offsets.square(), offsets[..., rows] * offsets[..., cols]], -1)
 
 
-class ContextInterpolation(nn.Module):
+@register("residual", "interpolation")
+class InterpolationResidual(nn.Module):
     """Gaussian-weighted mean of each target's nearest context values: ``xt [B, Nt, Dx] -> [B, Nt, Dy]``.
 
     Weights ``softmax_j(log w_s - |xt - xc_j|^2 / (2 l_s^2))`` over the ``k`` nearest valid points of each listed
@@ -149,14 +152,14 @@ class ContextInterpolation(nn.Module):
         unknown = [s for s in sources if s not in source_dims]
         if not sources or unknown:
             raise ValueError(
-                f"residual: sources must be a non-empty list of the model's context sources {sorted(source_dims)}; "
+                f"{WHERE}: sources must be a non-empty list of the model's context sources {sorted(source_dims)}; "
                 f"got {sources!r}."
             )
         narrow = {s: source_dims[s] for s in sources if source_dims[s] < dim_y}
         if narrow:
-            raise ValueError(f"residual: sources {narrow} have fewer value columns than the targets' Dy = {dim_y}.")
+            raise ValueError(f"{WHERE}: sources {narrow} have fewer value columns than the targets' Dy = {dim_y}.")
         if k < 1:
-            raise ValueError(f"residual needs k >= 1; got k = {k}.")
+            raise ValueError(f"{WHERE} needs k >= 1; got k = {k}.")
         self.sources, self.dim_y, self.k = sources, dim_y, k
         self.lengthscale = self._per_source(lengthscale, "lengthscale")
         self.weight = self._per_source(weight, "weight")
@@ -171,17 +174,17 @@ class ContextInterpolation(nn.Module):
         nn.init.zeros_(self.features.weight)
         nn.init.zeros_(self.features.bias)
         if not isinstance(adaptive, bool):
-            raise ValueError(f"residual: adaptive must be true or false; got {adaptive!r}.")
+            raise ValueError(f"{WHERE}: adaptive must be true or false; got {adaptive!r}.")
         self.adaptive = adaptive
         if spread is not None and (spread not in sources or len(sources) < 2):
             raise ValueError(
-                f"residual: spread must name one of the interpolated sources {sources}, and another must be listed "
+                f"{WHERE}: spread must name one of the interpolated sources {sources}, and another must be listed "
                 f"to measure its departures against; got {spread!r}."
             )
         self.spread = spread
         self.spread_power = number(spread_power, "spread_power", positive=False)
         if spread is None and self.spread_power != 0.0:
-            raise ValueError(f"residual: spread_power ({spread_power!r}) needs spread (e.g. spread: stations).")
+            raise ValueError(f"{WHERE}: spread_power ({spread_power!r}) needs spread (e.g. spread: stations).")
         # log nu_0 and alpha of the std factor (nu / nu_0)^alpha.
         self.spread_scale = (
             nn.Parameter(torch.tensor([math.log(0.2), self.spread_power])) if spread is not None else None
@@ -205,7 +208,7 @@ class ContextInterpolation(nn.Module):
         allowed = {"sources", "grid", "lr_scale", "lengthscale"}
         if not isinstance(spec, dict) or "grid" not in spec or set(spec) - allowed:
             raise ValueError(
-                "residual: regression must be a mapping with 'grid' (the lattice of its coefficients) and optionally "
+                f"{WHERE}: regression must be a mapping with 'grid' (the lattice of its coefficients) and optionally "
                 f"sources, lr_scale and lengthscale (e.g. {{sources: [grid], grid: {{lower: [...], upper: [...], "
                 f"shape: [...]}}, lr_scale: 30, lengthscale: 0.75}}); got {spec!r}."
             )
@@ -213,7 +216,7 @@ class ContextInterpolation(nn.Module):
         out["sources"] = [out["sources"]] if isinstance(out["sources"], str) else list(out["sources"])
         if not out["sources"] or set(out["sources"]) - set(self.sources):
             raise ValueError(
-                f"residual: regression.sources must be some of the interpolated sources {self.sources}; "
+                f"{WHERE}: regression.sources must be some of the interpolated sources {self.sources}; "
                 f"got {out['sources']!r}."
             )
         out["lr_scale"] = number(out["lr_scale"], "regression.lr_scale")
@@ -223,8 +226,7 @@ class ContextInterpolation(nn.Module):
         scales = dict(scale) if isinstance(scale, dict) else dict.fromkeys(out["sources"], scale)
         if set(scales) != set(out["sources"]):
             raise ValueError(
-                f"residual: regression.lengthscale must be one number or one per source {out['sources']}; "
-                f"got {scale!r}."
+                f"{WHERE}: regression.lengthscale must be one number or one per source {out['sources']}; got {scale!r}."
             )
         out["lengthscale"] = {s: number(v, f"regression.lengthscale of {s!r}") for s, v in scales.items()}
         return out
@@ -234,20 +236,20 @@ class ContextInterpolation(nn.Module):
         allowed = {"source", "k", "lengthscale", "weight"}
         if not isinstance(spec, dict) or "source" not in spec or set(spec) - allowed:
             raise ValueError(
-                f"residual: departures must be a mapping with 'source' and optionally k, lengthscale, weight "
+                f"{WHERE}: departures must be a mapping with 'source' and optionally k, lengthscale, weight "
                 f"(e.g. {{source: stations, k: 8, lengthscale: 0.5}}); got {spec!r}."
             )
         out = {"k": 8, "lengthscale": 0.5, "weight": 1.0, **spec}
         source = out["source"]
         if source not in source_dims or source in self.sources:
             raise ValueError(
-                f"residual: departures.source must be a context source {sorted(source_dims)} not among the "
+                f"{WHERE}: departures.source must be a context source {sorted(source_dims)} not among the "
                 f"interpolated sources {self.sources}; got {source!r}."
             )
         if source_dims[source] < self.dim_y:
-            raise ValueError(f"residual: departures.source {source!r} has fewer value columns than Dy = {self.dim_y}.")
+            raise ValueError(f"{WHERE}: departures.source {source!r} has fewer value columns than Dy = {self.dim_y}.")
         if isinstance(out["k"], bool) or not isinstance(out["k"], int) or out["k"] < 1:
-            raise ValueError(f"residual: departures.k must be an integer >= 1; got {out['k']!r}.")
+            raise ValueError(f"{WHERE}: departures.k must be an integer >= 1; got {out['k']!r}.")
         for key in ("lengthscale", "weight"):
             out[key] = number(out[key], f"departures.{key}")
         return out
@@ -256,7 +258,7 @@ class ContextInterpolation(nn.Module):
         """``{source: value}`` from one value or a mapping, each finite and > 0."""
         values = dict(value) if isinstance(value, dict) else dict.fromkeys(self.sources, value)
         if set(values) != set(self.sources):
-            raise ValueError(f"residual: {what} must be one number or one per source {self.sources}; got {value!r}.")
+            raise ValueError(f"{WHERE}: {what} must be one number or one per source {self.sources}; got {value!r}.")
         return {s: number(v, f"{what} of {s!r}") for s, v in values.items()}
 
     def forward(
@@ -374,7 +376,7 @@ class ContextInterpolation(nn.Module):
         """With ``adaptive``: the change ``[B, Nt, Dy]`` of the interpolation when the decoded target tokens
         ``zt [B, Nt, D]`` reweight the neighbours by direction (zero at initialisation)."""
         if self.direction is None:
-            raise RuntimeError("ContextInterpolation.adapt needs adaptive=True.")
+            raise RuntimeError("InterpolationResidual.adapt needs adaptive=True.")
         coeff = self.direction(zt.to(self.direction.weight.dtype)).unsqueeze(-2)  # [B, Nt, 1, 2 Dx]
         phi = torch.cat([near.offsets, near.offsets.square()], -1).to(coeff.dtype)  # [B, Nt, K, 2 Dx]
         adapted, _ = self._weighted(near, (coeff * phi).sum(-1))

@@ -1,0 +1,5 @@
+"""``python -m gridtnp.cli ...``: the same as the ``gridtnp`` command."""
+
+from gridtnp.cli.main import main
+
+main()
