@@ -81,7 +81,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_error_and_keeps_the_previo
     import shutil
     from collections import namedtuple
 
-    from gridtnp import checkpointing
+    from gridtnp.training import checkpointing
 
     path = tmp_path / "last.ckpt"
     io = checkpointing.AtomicCheckpointIO()
