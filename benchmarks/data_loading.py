@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness import device_name, git_commit, write_table  # noqa: E402
+from harness import command_line, device_name, git_commit, write_table  # noqa: E402
 
 from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR  # noqa: E402
@@ -154,7 +154,7 @@ def main() -> None:
         "commit": git_commit(),
         "torch": torch.__version__,
         "device": device_name(torch.device("cpu")),
-        "command": f"`python benchmarks/data_loading.py {' '.join(sys.argv[1:])}`",
+        "command": f"`{command_line()}`",
         "global store": f"synthetic, 1 float32 variable, {24 * args.days} x {n_lat} x {n_lon} (hours x lat x lon), "
         "written locally (a shorter span than a year: per-task cost is one time chunk of the full grid either way); "
         "chunk cache 2",

@@ -28,7 +28,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import device_name, git_commit, write_table
+from harness import command_line, device_name, git_commit, write_table
 
 from gridtnp.data.datamodules import FixedTaskSet, SyntheticDataModule
 from gridtnp.module import NeuralProcessModule
@@ -124,7 +124,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     rows = [row for recipe in args.recipes for row in train_and_test(recipe, args)]
     meta = {
-        "command": f"`python {' '.join(sys.argv)}`",
+        "command": f"`{command_line()}`",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": device_name(torch.device("cpu")),
         "torch": torch.__version__,

@@ -26,7 +26,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import device_name, git_commit, write_table
+from harness import command_line, device_name, git_commit, write_table
 
 from gridtnp.module import NeuralProcessModule
 
@@ -96,7 +96,7 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = {
-        "command": f"`python {' '.join(sys.argv)}`",
+        "command": f"`{command_line()}`",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": device_name(device),
         "torch": torch.__version__,
