@@ -21,7 +21,6 @@ opening) is timed separately and throughput is over the rest. Results go to a Ma
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 from pathlib import Path
@@ -150,7 +149,6 @@ def main() -> None:
 
     n_lat, n_lon = round(180 / args.resolution) + 1, round(360 / args.resolution)
     meta = {
-        "date": str(datetime.date.today()),
         "commit": git_commit(),
         "torch": torch.__version__,
         "device": device_name(torch.device("cpu")),

@@ -1,7 +1,7 @@
 """Shared timing, memory and reporting code of the benchmark scripts in ``benchmarks/``.
 
 ``measure`` times a call (synchronising on CUDA) and records its peak memory; ``Report`` collects result rows and
-writes them as a Markdown table, a CSV and a PNG plot, each recording the command, date, device, torch version,
+writes them as a Markdown table, a CSV and a PNG plot, each recording the command, device, torch version,
 precision, eager or compiled, git commit and load average. ``add_common_arguments`` gives every script the same
 ``--device``, ``--bf16``, ``--compile``, ``--threads``, ``--small``, ``--repeats``, ``--warmup``, ``--out`` options.
 """
@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import csv
 import ctypes
-import datetime
 import math
 import os
 import platform
@@ -265,10 +264,9 @@ def run_record(device: torch.device) -> dict[str, str]:
 
 
 def metadata(args: argparse.Namespace, device: torch.device, **extra: str) -> dict[str, str]:
-    """What every result file records: command, date, device, torch, precision, compile, commit, timing, load."""
+    """What every result file records: command, device, torch, precision, compile, commit, timing, load."""
     meta = {
         "command": command_line(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": device_name(device),
         "torch": torch.__version__,
         "precision": "bf16 autocast" if args.bf16 else "float32",

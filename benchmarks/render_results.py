@@ -25,7 +25,7 @@ DOC = ROOT / "docs" / "results.md"
 MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.DOTALL)
 
 
-# ------------------------------------------------------------------------------------------------------ helpers
+# ------------------------------------------------------------------------------------------------------ utilities
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A Markdown table; ``None`` cells are empty."""
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
 import os
 import sys
 import time
@@ -125,7 +124,6 @@ def main() -> None:
     rows = [row for recipe in args.recipes for row in train_and_test(recipe, args)]
     meta = {
         "command": f"`{command_line()}`",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": device_name(torch.device("cpu")),
         "torch": torch.__version__,
         "commit": started_at,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import json
 import os
 import re
@@ -194,7 +193,7 @@ def main() -> None:
         "# TE attention memory: naive vs chunked (TE-TNP, 2-D, D_z = 128, 5 layers)",
         "",
         f"- command: `{command_line()}`",
-        f"- date: {dt.datetime.now().isoformat(timespec='seconds')}; device: {device}; torch {torch.__version__}; "
+        f"- device: {device}; torch {torch.__version__}; "
         f"batch size {args.batch_size}; commit {commit}; load average at the start {load:.2f}",
         f"- chunked: max_pairs = {DEFAULT_MAX_PAIRS} (batch, query, key) triples per chunk, checkpointed per chunk",
         f"- peak_mib: {method}",

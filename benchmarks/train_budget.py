@@ -97,7 +97,6 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = {
         "command": f"`{command_line()}`",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
         "device": device_name(device),
         "torch": torch.__version__,
         "precision": "32-true",
