@@ -127,7 +127,7 @@ def main() -> None:
         "device": device_name(torch.device("cpu")),
         "torch": torch.__version__,
         "commit": started_at,
-        "load": f"{load:.2f} at the start (other jobs shared the machine: train_seconds are rough)",
+        "load": f"{load:.2f} at the start (train_seconds are rough when it exceeds the number of cores)",
         "test sets": f"{args.test_batches} batches of the recipe's batch size, seeds fixed, the same for every model",
     }
     for path in write_table(args.out, "Shifted 1-D GP test sets", meta, rows):

@@ -197,8 +197,8 @@ def main() -> None:
         f"batch size {args.batch_size}; commit {commit}; load average at the start {load:.2f}",
         f"- chunked: max_pairs = {DEFAULT_MAX_PAIRS} (batch, query, key) triples per chunk, checkpointed per chunk",
         f"- peak_mib: {method}",
-        "- process_peak_rss_mib: the whole process (Python, torch, model, inputs); seconds: the measured call, on a"
-        " shared machine (rough)",
+        "- process_peak_rss_mib: the whole process (Python, torch, model, inputs); seconds: the measured call (rough"
+        " where other jobs share the machine: see the load average)",
         "",
         "| " + " | ".join(keys) + " |",
         "|" + " --- |" * len(keys),
