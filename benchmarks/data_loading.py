@@ -21,7 +21,6 @@ opening) is timed separately and throughput is over the rest. Results go to a Ma
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness import device_name, git_commit, write_table  # noqa: E402
+from harness import command_line, device_name, git_commit, write_table  # noqa: E402
 
 from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR  # noqa: E402
@@ -150,11 +149,10 @@ def main() -> None:
 
     n_lat, n_lon = round(180 / args.resolution) + 1, round(360 / args.resolution)
     meta = {
-        "date": str(datetime.date.today()),
         "commit": git_commit(),
         "torch": torch.__version__,
         "device": device_name(torch.device("cpu")),
-        "command": f"`python benchmarks/data_loading.py {' '.join(sys.argv[1:])}`",
+        "command": f"`{command_line()}`",
         "global store": f"synthetic, 1 float32 variable, {24 * args.days} x {n_lat} x {n_lon} (hours x lat x lon), "
         "written locally (a shorter span than a year: per-task cost is one time chunk of the full grid either way); "
         "chunk cache 2",

@@ -29,7 +29,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import git_commit
+from harness import relative, run_record
 
 from gridtnp.metrics import central_interval_halfwidth, standard_normal_log_density
 from gridtnp.module import NeuralProcessModule
@@ -130,12 +130,12 @@ def main() -> None:
         )
     if args.json:
         record = {
-            "config": str(args.config),
-            "ckpt": str(args.ckpt),
+            "config": relative(args.config),
+            "ckpt": relative(args.ckpt),
             "split": args.split,
             "draws": args.draws,
             "std_scale": scale,
-            "commit": git_commit(),
+            **run_record(torch.device("cpu")),
             "layouts": {k: {"coarsen": f, "offset": list(o)} for k, (f, o) in layouts.items()},
             "scores": rows,
         }

@@ -1,7 +1,7 @@
 """Shared timing, memory and reporting code of the benchmark scripts in ``benchmarks/``.
 
 ``measure`` times a call (synchronising on CUDA) and records its peak memory; ``Report`` collects result rows and
-writes them as a Markdown table, a CSV and a PNG plot, each recording the command, date, device, torch version,
+writes them as a Markdown table, a CSV and a PNG plot, each recording the command, device, torch version,
 precision, eager or compiled, git commit and load average. ``add_common_arguments`` gives every script the same
 ``--device``, ``--bf16``, ``--compile``, ``--threads``, ``--small``, ``--repeats``, ``--warmup``, ``--out`` options.
 """
@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import csv
 import ctypes
-import datetime
 import math
 import os
 import platform
@@ -226,6 +225,7 @@ def git_commit() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model with the number of torch threads."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpu = platform.processor() or platform.machine()
@@ -235,11 +235,38 @@ def device_name(device: torch.device) -> str:
     return f"CPU: {cpu}, {torch.get_num_threads()} torch threads"
 
 
+def relative(path: str | Path) -> str:
+    """``path`` relative to the repository root (or the working directory); never a machine's absolute path."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    for base in (ROOT, Path.cwd()):
+        with contextlib.suppress(ValueError):
+            return str(path.resolve().relative_to(base.resolve()))
+    return path.name
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that ran, ``python`` plus the script and its arguments, with absolute paths made relative."""
+    argv = list(sys.argv if argv is None else argv)
+    words = [relative(a) if a.startswith("/") else a for a in argv]
+    return "python " + " ".join(shlex.quote(w) for w in words)
+
+
+def run_record(device: torch.device) -> dict[str, str]:
+    """What every result records about its run: commit, command, hardware and torch version (no paths)."""
+    return {
+        "commit": git_commit(),
+        "command": command_line(),
+        "hardware": device_name(device),
+        "torch": torch.__version__,
+    }
+
+
 def metadata(args: argparse.Namespace, device: torch.device, **extra: str) -> dict[str, str]:
-    """What every result file records: command, date, device, torch, precision, compile, commit, timing, load."""
+    """What every result file records: command, device, torch, precision, compile, commit, timing, load."""
     meta = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0])), *sys.argv[1:]]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command_line(),
         "device": device_name(device),
         "torch": torch.__version__,
         "precision": "bf16 autocast" if args.bf16 else "float32",

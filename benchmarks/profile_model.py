@@ -4,9 +4,10 @@
     python benchmarks/profile_model.py cnp --fwd --nc 1000 --nt 100             # a preset (gridtnp list model)
     python benchmarks/profile_model.py gp2d_convcnp --fwdbwd --compile --threads 2
 
-Workload (the speed issue's, by default): float32, batch ``--batch`` (2), ``--nc`` context points (10,000) per
-source and ``--nt`` targets (1,000), ``x`` uniform in the model grid's bounds (``[-2, 2]^Dx`` without a grid),
-``y`` standard normal. ``--fwd``: eval mode under ``torch.no_grad()``; ``--fwdbwd`` (default): train mode,
+Workload (by default that of ``perf_vs_ref.py``): float32, batch ``--batch`` (2), ``--nc`` context points
+(10,000) per source and ``--nt`` targets (1,000), ``x`` uniform in the model grid's bounds (``[-2, 2]^Dx``
+without a grid), ``y`` standard normal. ``--fwd``: eval mode under ``torch.no_grad()``; ``--fwdbwd``
+(default): train mode,
 ``-log_prob(y_t).mean()`` and ``backward()``. After ``--warmup`` calls, ``--steps`` calls are timed (the median
 is printed, with the median number of minor page faults per call: fresh memory the process touched, which costs
 several microseconds a page on a virtual machine), then the same number run under forward hooks on the model's

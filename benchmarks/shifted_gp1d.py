@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import device_name, git_commit, write_table
+from harness import command_line, device_name, git_commit, write_table
 
 from gridtnp.data.datamodules import FixedTaskSet, SyntheticDataModule
 from gridtnp.module import NeuralProcessModule
@@ -124,12 +123,11 @@ def main() -> None:
     load = os.getloadavg()[0]
     rows = [row for recipe in args.recipes for row in train_and_test(recipe, args)]
     meta = {
-        "command": f"`python {' '.join(sys.argv)}`",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": f"`{command_line()}`",
         "device": device_name(torch.device("cpu")),
         "torch": torch.__version__,
         "commit": started_at,
-        "load": f"{load:.2f} at the start (other jobs shared the machine: train_seconds are rough)",
+        "load": f"{load:.2f} at the start (train_seconds are rough when it exceeds the number of cores)",
         "test sets": f"{args.test_batches} batches of the recipe's batch size, seeds fixed, the same for every model",
     }
     for path in write_table(args.out, "Shifted 1-D GP test sets", meta, rows):

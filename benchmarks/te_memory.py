@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import json
 import os
 import re
@@ -38,7 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import PeakMemory, device_name, git_commit
+from harness import PeakMemory, command_line, device_name, git_commit
 
 from gridtnp import Observations, count_parameters, create_model
 from gridtnp.nn.chunking import DEFAULT_MAX_PAIRS
@@ -193,13 +192,13 @@ def main() -> None:
     header = [
         "# TE attention memory: naive vs chunked (TE-TNP, 2-D, D_z = 128, 5 layers)",
         "",
-        f"- command: `python {' '.join(sys.argv)}`",
-        f"- date: {dt.datetime.now().isoformat(timespec='seconds')}; device: {device}; torch {torch.__version__}; "
+        f"- command: `{command_line()}`",
+        f"- device: {device}; torch {torch.__version__}; "
         f"batch size {args.batch_size}; commit {commit}; load average at the start {load:.2f}",
         f"- chunked: max_pairs = {DEFAULT_MAX_PAIRS} (batch, query, key) triples per chunk, checkpointed per chunk",
         f"- peak_mib: {method}",
-        "- process_peak_rss_mib: the whole process (Python, torch, model, inputs); seconds: the measured call, on a"
-        " shared machine (rough)",
+        "- process_peak_rss_mib: the whole process (Python, torch, model, inputs); seconds: the measured call (rough"
+        " where other jobs share the machine: see the load average)",
         "",
         "| " + " | ".join(keys) + " |",
         "|" + " --- |" * len(keys),

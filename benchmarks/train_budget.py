@@ -26,7 +26,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import device_name, git_commit, write_table
+from harness import command_line, device_name, git_commit, write_table
 
 from gridtnp.module import NeuralProcessModule
 
@@ -96,8 +96,7 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     meta = {
-        "command": f"`python {' '.join(sys.argv)}`",
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": f"`{command_line()}`",
         "device": device_name(device),
         "torch": torch.__version__,
         "precision": "32-true",
