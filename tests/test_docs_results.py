@@ -1,0 +1,19 @@
+"""docs/results.md shows what the result files under benchmarks/results/ hold (benchmarks/render_results.py)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_results_page_matches_result_files() -> None:
+    """Every marked table of docs/results.md equals what render_results.py renders from the result files."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "render_results.py"), "--check"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
