@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import xarray as xr
 from torch import nn
 
 from gridtnp.batch import Batch
@@ -271,6 +272,11 @@ def test_recipe_example_trains_with_the_cli(registry, monkeypatch, tmp_path):
     assert checkpoint["global_step"] == 2
     assert checkpoint["hyper_parameters"]["processor"]["name"] == "example_pointwise"
     assert checkpoint[DATA_KEY]["variables"]["t2m"]["units"] == "K"  # the DataModule's variable_metadata()
+    # gridtnp predict writes what the DataModule's predictions_to_xarray makes of the outputs.
+    out = tmp_path / "predictions.nc"
+    main(["predict", *args, "--ckpt_path", str(tmp_path / "run" / "last.ckpt"), "--predictions.path", str(out)])
+    with xr.open_dataset(out) as ds:
+        assert ds["t2m_mean"].dims == ("time", "station") and ds["t2m_mean"].attrs["units"] == "K"
 
 
 # --- the fake station data -----------------------------------------------------------------------------------------
