@@ -67,7 +67,7 @@ for _block in BLOCKS:
     if "example" in _block.attributes:
         EXAMPLES.setdefault(_block.attributes["example"], []).append(_block)
 
-#: Examples of one component each: (kind the example adds, how to find it in the model the example builds).
+#: Examples that add one registered component each: example name -> the kind it adds.
 COMPONENT_EXAMPLES = {
     "registry": "processor",
     "encoder": "encoder",
@@ -89,14 +89,13 @@ def registry() -> Iterator[None]:
     """Restore the registry after the test: the examples' names gone, everything else as it was."""
     available()  # import the lazily registered modules first, so that the snapshot holds them
     before = {kind: dict(table) for kind, table in _REGISTRY.items()}
-    modules = set(sys.modules)
+    imported = "stations_csv" in sys.modules
     yield
     for kind, table in _REGISTRY.items():
         table.clear()
         table.update(before[kind])
-    for name in set(sys.modules) - modules:
-        if name == "stations_csv":  # the recipe example's DataModule file, imported from a temporary folder
-            del sys.modules[name]
+    if not imported:  # the recipe example's DataModule file, imported from a temporary folder
+        sys.modules.pop("stations_csv", None)
 
 
 def run_example(name: str) -> dict[str, Any]:
@@ -114,6 +113,7 @@ def registered_since(before: dict[str, list[str]]) -> list[tuple[str, str]]:
 
 
 def snapshot() -> dict[str, list[str]]:
+    """The registered names of every kind."""
     return {kind: list(available(kind)) for kind in KINDS}
 
 
@@ -207,7 +207,8 @@ def test_task_example_draws_valid_seeded_batches(registry):
 # --- a DataModule for a new data source ----------------------------------------------------------------------------
 
 
-def fit_quietly(module: NeuralProcessModule, data: L.LightningDataModule, **kwargs: Any) -> L.Trainer:
+def fit_one_step(module: NeuralProcessModule, data: L.LightningDataModule) -> None:
+    """Train ``module`` on ``data`` for one step on the CPU, without logs, checkpoints or progress bars."""
     trainer = L.Trainer(
         max_steps=1,
         logger=False,
@@ -215,10 +216,8 @@ def fit_quietly(module: NeuralProcessModule, data: L.LightningDataModule, **kwar
         accelerator="cpu",
         enable_progress_bar=False,
         enable_model_summary=False,
-        **kwargs,
     )
     trainer.fit(module, datamodule=data)
-    return trainer
 
 
 def test_datamodule_example_trains_and_offers_its_optional_attributes(registry, monkeypatch, tmp_path):
@@ -228,14 +227,14 @@ def test_datamodule_example_trains_and_offers_its_optional_attributes(registry, 
     assert trainer.global_step == 2
     assert "example_station_csv" in available("datamodule")
 
-    # Every optional attribute is there and is what gridtnp reads.
+    # The optional attributes it offers are found where gridtnp looks, and switch on what they should.
     offered = [name for name in OPTIONAL_ATTRIBUTES if optional(data, name) is not None]
     assert offered == ["dim_x", "dim_y", "variable_metadata", "predictions_to_xarray", "geographic"]
     assert is_geographic(data)
     for dim_x, dim_y in ((1, {"stations": 1}), (2, {"points": 1}), (2, {"stations": 2})):
         wrong = NeuralProcessModule(preset="tnp", dim=16, dim_x=dim_x, dim_y=dim_y, processor=ONE_LAYER)
         with pytest.raises(ConfigError, match="StationCSVDataModule"):
-            fit_quietly(wrong, data)
+            fit_one_step(wrong, data)
 
     # The checkpoint keeps the data's statistics; predictions come back in kelvin on (time, station).
     trainer.save_checkpoint(tmp_path / "model.ckpt")
