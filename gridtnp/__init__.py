@@ -4,7 +4,7 @@ from gridtnp import data, models, nn  # noqa: F401  (importing registers every c
 from gridtnp.batch import Batch, Observations
 from gridtnp.models import NeuralProcess, build_model, count_parameters, create_model
 from gridtnp.module import NeuralProcessModule
-from gridtnp.registry import ConfigError, available, build, register
+from gridtnp.registry import ConfigError, available, build, register, unregister
 
 __version__ = "0.1.0"
 
@@ -20,4 +20,5 @@ __all__ = [
     "count_parameters",
     "create_model",
     "register",
+    "unregister",
 ]

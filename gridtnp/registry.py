@@ -31,7 +31,7 @@ KINDS: dict[str, str] = {
     "grid_encoder": "tokens at arbitrary locations -> pseudo-tokens (a grid or a set)",
     "processor": "works on the pseudo-tokens, one state per layer",
     "grid_decoder": "pseudo-token states + target locations -> target tokens",
-    "likelihood": "target tokens -> predictive distribution",
+    "likelihood": "target tokens -> predictive distribution (a torch Normal: metrics and residuals read mean, std)",
     "residual": "optional: the predictive mean as an interpolation of context values plus the network's residual",
     "embedding": "input-location embedding used by point-wise encoders",
     "model": "named presets: a whole five-slot model specification",
@@ -114,6 +114,14 @@ def register(kind: str, name: str) -> Callable[[T], T]:
         return obj
 
     return decorator
+
+
+def unregister(kind: str, name: str) -> Callable[..., Any]:
+    """Remove ``kind``/``name`` from the registry (a test's or a notebook's temporary component); returns it."""
+    table = _check_kind(kind, load=False)
+    if name not in table:
+        raise ConfigError(f"{kind} {name!r} is not registered; registered {kind}s: {', '.join(sorted(table))}.")
+    return table.pop(name)
 
 
 def available(kind: str | None = None) -> list[str] | dict[str, list[str]]:

@@ -2,7 +2,7 @@ import pytest
 from torch import nn
 
 import gridtnp
-from gridtnp.registry import ConfigError, available, build, build_from_spec, get, register
+from gridtnp.registry import ConfigError, available, build, build_from_spec, get, register, unregister
 
 
 def test_every_issue_component_is_registered():
@@ -58,6 +58,10 @@ def test_register_and_duplicate():
     assert isinstance(build("likelihood", "_test_dummy"), Dummy)
     with pytest.raises(ConfigError, match="already registered"):
         register("likelihood", "_test_dummy")(type("Other", (nn.Module,), {}))
+    assert unregister("likelihood", "_test_dummy") is Dummy
+    assert "_test_dummy" not in available("likelihood")
+    with pytest.raises(ConfigError, match="is not registered"):
+        unregister("likelihood", "_test_dummy")
 
 
 def test_package_exports():

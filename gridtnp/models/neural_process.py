@@ -243,6 +243,12 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         expanded["encoder"] = encoder_specs
     else:  # one spec for every source: the sources' specs differ only in the dim_y the model passes to each
         expanded["encoder"] = {k: v for k, v in next(iter(encoder_specs.values())).items() if k != "dim_y"}
+    wrong = {s: getattr(e, "dim_y", None) for s, e in encoders.items() if getattr(e, "dim_y", None) != sources[s]}
+    if wrong:  # the model checks each source's y against its encoder's dim_y
+        raise ConfigError(
+            f"an encoder must keep the dim_y it embeds as its `dim_y` attribute; the encoders of {sorted(wrong)} have "
+            f"{wrong} where the sources have {{{', '.join(f'{s!r}: {sources[s]}' for s in wrong)}}}."
+        )
     widths = {getattr(e, "out_dim", dim) for e in encoders.values()}
     if len(widths) != 1:
         raise ConfigError(f"all sources' encoders must produce tokens of one width; got {sorted(widths)}.")
