@@ -13,7 +13,7 @@ attribute                  type                                            what 
 ``dim_y``                  ``dict[str, int]``                              ``NeuralProcessModule.setup``: the
                                                                            context sources and their Dy must match
                                                                            the model's encoders
-``variable_metadata()``    ``() -> dict | None``                           ``NeuralProcessModule.on_save_checkpoint``:
+``variable_metadata()``    ``() -> DataMetadata | None``                   ``NeuralProcessModule.on_save_checkpoint``:
                                                                            statistics, names and units kept with the
                                                                            weights for ``gridtnp.predictions.predict``
 ``predictions_to_xarray``  ``(outputs: list[dict]) -> xarray.Dataset``     ``gridtnp predict``: predictions in
@@ -31,7 +31,7 @@ The per-task extras a batch may carry (``Batch.extras``) are declared in ``gridt
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from gridtnp.data.tasks import Task
 
@@ -46,6 +46,25 @@ OPTIONAL_ATTRIBUTES: dict[str, str] = {
 }
 
 
+class VariableMetadata(TypedDict):
+    """One variable as a checkpoint keeps it: normalisation statistics and CF attributes."""
+
+    mean: float
+    std: float
+    units: str
+    long_name: str
+
+
+class DataMetadata(TypedDict, total=False):
+    """What ``variable_metadata()`` returns (kept in checkpoints as ``gridtnp_data``; ``gridtnp.predictions`` reads
+    ``variables``, ``sources`` and ``target`` to normalise a user's inputs and un-normalise predictions)."""
+
+    variables: dict[str, VariableMetadata]  # by variable name
+    sources: dict[str, list[str]]  # context source -> the variables in its value columns
+    target: list[str]  # the target's variables, one per output dimension
+    store: str  # where the data came from (a path or URL, for the record)
+
+
 class DataModuleContract(Protocol):
     """The optional attributes of a gridtnp DataModule (see the module docstring for who reads each)."""
 
@@ -54,7 +73,7 @@ class DataModuleContract(Protocol):
     geographic: bool
     task: Task
 
-    def variable_metadata(self) -> dict[str, Any] | None:
+    def variable_metadata(self) -> DataMetadata | None:
         """Normalisation statistics, names and units of the variables, kept with the checkpoint."""
         ...
 

@@ -26,7 +26,7 @@ from torch.distributions import Distribution
 
 from gridtnp.batch import DEFAULT_SOURCE, Observations
 from gridtnp.nn.grids import Grid, as_grid
-from gridtnp.nn.residuals import InterpolationResidual, shift_mean
+from gridtnp.nn.residuals import Residual, shift_mean
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import ConfigError, accepted_arguments, get, spec_arguments, with_defaults
 from gridtnp.registry import build as build_component
@@ -48,7 +48,7 @@ class NeuralProcess(nn.Module):
         dim_x: int,
         target_source: str,
         grid: Grid | None = None,
-        residual: InterpolationResidual | None = None,
+        residual: Residual | None = None,
     ) -> None:
         super().__init__()
         self.encoders = encoders

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -68,6 +68,27 @@ class Neighbours(NamedTuple):
     sizes: tuple[int, ...]
     base: Tensor | None = None
     spread: Tensor | None = None
+
+
+class Residual(Protocol):
+    """What ``NeuralProcess`` calls on a component of kind ``residual``: the base it adds the network's output to."""
+
+    adaptive: bool  # whether ``adapt`` is called with the decoded target tokens
+
+    def __call__(
+        self, context: dict[str, tuple[Tensor, Tensor, Tensor]], xt: Tensor
+    ) -> tuple[Tensor, Tensor, Neighbours]:
+        """``context`` ``{source: (x, y, valid)}`` and ``xt [B, Nt, Dx]`` -> the base ``[B, Nt, Dy]``, features
+        ``[B, Nt, F]`` for the target tokens, and the neighbours (``spread`` ``[B, 1, 1]`` or None scales the std)."""
+        ...
+
+    def target_features(self, features: Tensor) -> Tensor:
+        """Features ``[B, Nt, F]`` -> ``[B, Nt, D]``, added to the target tokens before decoding."""
+        ...
+
+    def adapt(self, near: Neighbours, zt: Tensor) -> Tensor:
+        """With ``adaptive``: the change ``[B, Nt, Dy]`` of the base given the decoded target tokens ``zt``."""
+        ...
 
 
 def shape_basis(offsets: Tensor) -> Tensor:
