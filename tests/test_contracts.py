@@ -9,9 +9,9 @@ line to add. What is checked, per kind:
   mask, locations and source ids; padded points (NaN, masked out) change nothing; reordering the context changes
   nothing (grids) or reorders the set alike.
 * processor: ``num_states`` states of the input's layout (grid or set) and width; padded set tokens change no state.
-* grid_decoder: ``[B, Nt, dim]``, finite; reordering the targets reorders the outputs alike; a target's output does
-  not depend on the other targets, padded ones included (unless the decoder says its targets interact:
-  ``targets_interact``).
+* grid_decoder: ``[B, Nt, dim]``, finite; padded tokens of set states change nothing; reordering the targets
+  reorders the outputs alike; a target's output does not depend on the other targets, padded ones included (unless
+  the decoder says its targets interact: ``targets_interact``).
 * likelihood: a ``Distribution`` with mean and stddev ``[B, Nt, Dy]``, stddev > 0, finite log-densities; point-wise.
 * embedding: ``[B, N, out_dim]``, finite; point-wise.
 * every stage: a gradient reaches every parameter.
@@ -661,6 +661,17 @@ def test_grid_decoder_decodes_each_target_on_its_own(kind, name, spec):
             torch.cat([xt, garbage(B, PAD, xt.shape[-1])], 1),
         )
         torch.testing.assert_close(decode(np_model, states, zt_pad, xt_pad, ctx)[:, :NT], out, **TOL)
+
+
+@pytest.mark.parametrize(("kind", "name", "spec"), params("grid_decoder"))
+def test_grid_decoder_ignores_padded_set_tokens(kind, name, spec):
+    np_model = build(kind, name, spec)
+    ctx, states, zt, xt = upstream(np_model)
+    if all(state.mask is None for state in states):
+        pytest.skip("states without a mask have no padding")
+    padded = [state if state.mask is None else pad_set(state) for state in states]
+    with torch.no_grad():
+        torch.testing.assert_close(decode(np_model, padded, zt, xt, ctx), decode(np_model, states, zt, xt, ctx), **TOL)
 
 
 @pytest.mark.parametrize(("kind", "name", "spec"), params("grid_decoder"))
