@@ -7,11 +7,13 @@ line to add. What is checked, per kind:
 * encoder: context and target tokens ``[B, N, out_dim]``, finite; a point's token depends on that point only.
 * grid_encoder: the layout it promises: grid tokens ``[B, M1..Md, dim]`` on its ``grid``, or the set itself with its
   mask, locations and source ids; padded points (NaN, masked out) change nothing; reordering the context changes
-  nothing (grids) or reorders the set alike.
+  nothing (grids) or reorders the set alike; on a grid with a rolled (periodic) dimension, moving the context by a
+  whole period along it changes nothing.
 * processor: ``num_states`` states of the input's layout (grid or set) and width; padded set tokens change no state.
 * grid_decoder: ``[B, Nt, dim]``, finite; padded tokens of set states change nothing; reordering the targets
   reorders the outputs alike; a target's output does not depend on the other targets, padded ones included (unless
-  the decoder says its targets interact: ``targets_interact``).
+  the decoder says its targets interact: ``targets_interact``); on grid states with a rolled dimension, moving the
+  targets by a whole period along it changes nothing.
 * likelihood: a ``Distribution`` with mean and stddev ``[B, Nt, Dy]``, stddev > 0, finite log-densities; point-wise.
 * embedding: ``[B, N, out_dim]``, finite; point-wise.
 * every stage: a gradient reaches every parameter.
@@ -435,6 +437,18 @@ def shuffle(n: int, b: int = B) -> Tensor:
     return torch.stack([torch.randperm(n) for _ in range(b)])
 
 
+def rolled(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with the last dimension of its grid rolled (periodic, as longitude is)."""
+    grid = dict(spec["grid"], roll=[False] * (len(spec["grid"]["shape"]) - 1) + [True])
+    return model(spec, grid=grid)
+
+
+def shifted(x: Tensor, spec: dict[str, Any], periods: int) -> Tensor:
+    """``x [..., Dx]`` moved by whole ``periods`` of the grid along its last (rolled) dimension."""
+    period = spec["grid"]["upper"][-1] - spec["grid"]["lower"][-1]
+    return torch.cat([x[..., :-1], x[..., -1:] + periods * period], -1)
+
+
 def perturb(module: nn.Module) -> None:
     """Move every parameter off its initial value, so that layers initialised to zero (a residual branch that starts
     switched off) do not hide the parameters behind them from the gradient check."""
@@ -559,6 +573,20 @@ def test_grid_encoder_ignores_the_order_of_the_context(kind, name, spec):
 
 
 @pytest.mark.parametrize(("kind", "name", "spec"), params("grid_encoder"))
+def test_grid_encoder_wraps_rolled_dimensions(kind, name, spec):
+    if spec is not None and "grid" not in spec:
+        pytest.skip("a model without a grid")
+    np_model = build(kind, name, spec and rolled(spec))
+    if getattr(np_model.grid_encoder, "grid", None) is None:
+        pytest.skip("a grid encoder without a grid")
+    inputs = tokens(np_model, context(np_model))
+    latent = np_model.grid_encoder(inputs)
+    for periods in (-1, 1):
+        moved = {s: Tokens(shifted(t.x, spec, periods), t.z, t.mask) for s, t in inputs.items()}
+        torch.testing.assert_close(np_model.grid_encoder(moved).tokens, latent.tokens, **TOL)
+
+
+@pytest.mark.parametrize(("kind", "name", "spec"), params("grid_encoder"))
 def test_grid_encoder_gradient_reaches_every_parameter(kind, name, spec):
     np_model = build(kind, name, spec)
     perturb(np_model.grid_encoder)
@@ -672,6 +700,22 @@ def test_grid_decoder_ignores_padded_set_tokens(kind, name, spec):
     padded = [state if state.mask is None else pad_set(state) for state in states]
     with torch.no_grad():
         torch.testing.assert_close(decode(np_model, padded, zt, xt, ctx), decode(np_model, states, zt, xt, ctx), **TOL)
+
+
+@pytest.mark.parametrize(("kind", "name", "spec"), params("grid_decoder"))
+def test_grid_decoder_wraps_rolled_dimensions(kind, name, spec):
+    if spec is not None and "grid" not in spec:
+        pytest.skip("a model without a grid")
+    np_model = build(kind, name, spec and rolled(spec))
+    ctx, states, zt, xt = upstream(np_model)
+    if states[-1].mask is not None or states[-1].x is not None:
+        pytest.skip("set states: no grid to wrap around")
+    if getattr(np_model.grid_decoder, "takes_context", False):
+        pytest.skip("documented: the context neighbours of a decoder's skip connection are found without wrapping")
+    with torch.no_grad():
+        out = decode(np_model, states, zt, xt, ctx)
+        for periods in (-1, 1):
+            torch.testing.assert_close(decode(np_model, states, zt, shifted(xt, spec, periods), ctx), out, **TOL)
 
 
 @pytest.mark.parametrize(("kind", "name", "spec"), params("grid_decoder"))
