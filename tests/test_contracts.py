@@ -54,6 +54,7 @@ ATTN = {"heads": 2, "head_dim": 4, "mlp_dim": 16}
 TE_ATTN = {**ATTN, "rho_hidden": 8}
 GRID_1D = {"lower": [-2.0], "upper": [2.0], "shape": [16]}
 GRID_2D = {"lower": [-2.0, -2.0], "upper": [2.0, 2.0], "shape": [8, 8]}
+GLOBE = {"lower": [-60.0, 0.0], "upper": [60.0, 360.0], "shape": [4, 8]}  # latitude, longitude in degrees
 
 
 def model(base: dict[str, Any], **keys: Any) -> dict[str, Any]:
@@ -178,6 +179,7 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                 GRIDDED,
                 grid_encoder={"name": "kernel_interpolation", "nearest_only": True, "k": 4, "coarsen": 2},
             ),
+            model(GRIDDED, grid=GLOBE, grid_encoder={"name": "kernel_interpolation", "distance": "haversine"}),
         ],
         "multi": [
             model(
