@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -47,6 +47,16 @@ B, N, NT, PAD = 2, 10, 6, 3  # tasks, context points per source, targets, padded
 # differ between two runs compared here; a leak of padding or of another point is far larger.
 DTYPE = torch.float32
 TOL = {"atol": 1e-5, "rtol": 1e-5}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread for these tiny tensors: more only add synchronisation, which costs most on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 # --- the cases: a small model around every registered component -------------------------------------------------
 
