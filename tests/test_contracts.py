@@ -19,8 +19,9 @@ line to add. What is checked, per kind:
 * every stage: a gradient reaches every parameter.
 * whole models (every case, and a model with each ``residual``): a finite predictive with stddev > 0; padded context
   points (NaN, masked out) and the order of the context change no prediction; the tasks of a batch do not interact,
-  and a task without any context point gets a finite prediction; a target's prediction does not depend on the other
-  targets (unless the decoder's targets interact); a gradient reaches every parameter.
+  and a task without any context point gets a finite prediction and finite gradients; a target's prediction does not
+  depend on the other targets, padded ones included (unless the decoder's targets interact); a gradient reaches
+  every parameter.
 """
 
 from __future__ import annotations
@@ -777,12 +778,12 @@ def observations(np_model: NeuralProcess, pad: int = 0) -> dict[str, Observation
 
 
 def select(
-    ctx: dict[str, Observations], tasks: slice = slice(None), points: Tensor | None = None
+    ctx: dict[str, Observations], tasks: slice = slice(None), order: dict[str, Tensor] | None = None
 ) -> dict[str, Observations]:
-    """Some tasks of ``ctx``, with each source's points in the order ``points [B, N]`` if given."""
+    """Some tasks of ``ctx``, with each source's points in the order ``order[source] [B, N]`` if given."""
     out = {}
     for s, o in ctx.items():
-        x, y, mask = (v if points is None else gather(v, points[s]) for v in (o.x, o.y, o.mask))
+        x, y, mask = (v if order is None else gather(v, order[s]) for v in (o.x, o.y, o.mask))
         out[s] = Observations(x[tasks], y[tasks], mask[tasks])
     return out
 
@@ -813,7 +814,7 @@ def test_model_ignores_the_order_of_the_context(kind, name, spec):
     np_model = build(kind, name, spec)
     ctx, xt = observations(np_model), points(np_model, NT)
     order = {s: shuffle(N) for s in ctx}
-    torch.testing.assert_close(predict(np_model, select(ctx, points=order), xt), predict(np_model, ctx, xt), **TOL)
+    torch.testing.assert_close(predict(np_model, select(ctx, order=order), xt), predict(np_model, ctx, xt), **TOL)
 
 
 @pytest.mark.parametrize(("kind", "name", "spec"), MODEL_PARAMS)
@@ -822,8 +823,11 @@ def test_model_tasks_and_targets_do_not_interact(kind, name, spec):
     ctx, xt = observations(np_model), points(np_model, NT)
     out = predict(np_model, ctx, xt)
     torch.testing.assert_close(predict(np_model, select(ctx, slice(0, 1)), xt[:1]), out[:1], **TOL)
-    if not getattr(np_model.grid_decoder, "targets_interact", False):
-        torch.testing.assert_close(predict(np_model, ctx, xt[:, :2]), out[:, :2], **TOL)
+    if getattr(np_model.grid_decoder, "targets_interact", False):
+        return  # documented: a target's prediction depends on the other targets
+    torch.testing.assert_close(predict(np_model, ctx, xt[:, :2]), out[:, :2], **TOL)
+    padded = torch.cat([xt, garbage(B, PAD, xt.shape[-1], nan=True)], 1)  # padded target slots may hold anything
+    torch.testing.assert_close(predict(np_model, ctx, padded)[:, :NT], out, **TOL)
 
 
 @pytest.mark.parametrize(("kind", "name", "spec"), MODEL_PARAMS)
@@ -835,6 +839,10 @@ def test_model_predicts_for_a_task_without_context(kind, name, spec):
     out = predict(np_model, ctx, xt)
     assert torch.isfinite(out).all() and (out[..., out.shape[-1] // 2 :] > 0).all()
     torch.testing.assert_close(predict(np_model, select(ctx, slice(1, 2)), xt[1:]), out[1:], **TOL)
+    dist = np_model(ctx, xt)
+    dist.log_prob(torch.randn(dist.mean.shape)).sum().backward()
+    bad = [n for n, p in np_model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert not bad, f"non-finite gradient in parameter(s) {bad}"
 
 
 @pytest.mark.parametrize(("kind", "name", "spec"), MODEL_PARAMS)
