@@ -59,6 +59,25 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+#: Contract violations that are bugs of the component, ``{(test, case id): what is wrong}``: those tests are expected to
+#: fail, strictly (once the bug is fixed the test passes, which fails until its entry here is removed).
+KNOWN_BUGS = {
+    ("test_model_predicts_for_a_task_without_context", "residual-interpolation"): (
+        "residual 'interpolation' with adaptive: a target without any valid neighbour gets NaN gradients (adapt adds "
+        "its reweighting to logits that are all -inf, and the softmax's NaN gradient reaches the tokens it came from)"
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def _known_bugs(request: pytest.FixtureRequest) -> None:
+    """Mark the tests of ``KNOWN_BUGS`` as strictly expected to fail."""
+    callspec = getattr(request.node, "callspec", None)
+    reason = KNOWN_BUGS.get((request.node.originalname, callspec.id if callspec else None))
+    if reason:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
 # --- the cases: a small model around every registered component -------------------------------------------------
 
 ATTN = {"heads": 2, "head_dim": 4, "mlp_dim": 16}
@@ -833,16 +852,19 @@ def test_model_tasks_and_targets_do_not_interact(kind, name, spec):
 @pytest.mark.parametrize(("kind", "name", "spec"), MODEL_PARAMS)
 def test_model_predicts_for_a_task_without_context(kind, name, spec):
     np_model = build(kind, name, spec)
-    ctx, xt = observations(np_model), points(np_model, NT)
-    for o in ctx.values():
-        o.mask[0] = False  # task 0 has no context point in any source
-    out = predict(np_model, ctx, xt)
-    assert torch.isfinite(out).all() and (out[..., out.shape[-1] // 2 :] > 0).all()
-    torch.testing.assert_close(predict(np_model, select(ctx, slice(1, 2)), xt[1:]), out[1:], **TOL)
-    dist = np_model(ctx, xt)
-    dist.log_prob(torch.randn(dist.mean.shape)).sum().backward()
-    bad = [n for n, p in np_model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    assert not bad, f"non-finite gradient in parameter(s) {bad}"
+    sources = list(np_model.encoders)
+    for empty in [sources] + ([[s] for s in sources] if len(sources) > 1 else []):
+        ctx, xt = observations(np_model), points(np_model, NT)
+        for s in empty:
+            ctx[s].mask[0] = False  # task 0 has no point of these sources
+        out = predict(np_model, ctx, xt)
+        assert torch.isfinite(out).all() and (out[..., out.shape[-1] // 2 :] > 0).all(), f"without {empty}"
+        torch.testing.assert_close(predict(np_model, select(ctx, slice(1, 2)), xt[1:]), out[1:], **TOL)
+        np_model.zero_grad()
+        dist = np_model(ctx, xt)
+        dist.log_prob(torch.randn(dist.mean.shape)).sum().backward()
+        bad = [n for n, p in np_model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f"without {empty}: non-finite gradient in parameter(s) {bad}"
 
 
 @pytest.mark.parametrize(("kind", "name", "spec"), MODEL_PARAMS)
