@@ -219,6 +219,15 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                 grid_encoder={"name": "kernel_interpolation", "nearest_only": True, "k": 4, "coarsen": 2},
             ),
             model(GRIDDED, grid=GLOBE, grid_encoder={"name": "kernel_interpolation", "distance": "haversine"}),
+            model(
+                GRIDDED,
+                grid_encoder={
+                    "name": "kernel_interpolation",
+                    "chunk_size": 4,
+                    "density": False,
+                    "learn_lengthscale": False,
+                },
+            ),
         ],
         "multi": [
             model(
@@ -228,7 +237,16 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                     "name": "multi",
                     "encoder": {"a": {"name": "average"}, "b": {"name": "kernel_interpolation"}},
                 },
-            )
+            ),
+            model(
+                GRIDDED,
+                **SOURCES,
+                grid_encoder={
+                    "name": "multi",
+                    "merge": "sum",
+                    "encoder": {"name": "pseudo_token", "coarsen": 2, **ATTN},
+                },
+            ),
         ],
     },
     "processor": {
@@ -249,6 +267,11 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                     **TE_ATTN,
                 },
             ),
+            model(  # attention evaluated a few (batch, query, key) triples at a time
+                TE,
+                processor={"name": "te_transformer", "layers": 2, "max_pairs": 16, **TE_ATTN},
+                grid_decoder={"name": "te_cross_attention", "max_pairs": 16, **TE_ATTN},
+            ),
         ],
         "te_perceiver": [model(TE, processor={"name": "te_perceiver", "num_tokens": 4, "layers": 2, **TE_ATTN})],
         "hypermixer": [
@@ -257,10 +280,19 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
             ),
             model(GRIDDED, processor={"name": "hypermixer", "layers": 2, "mixing_dim": 8, "hyper_hidden": 8}),
         ],
-        "cnn": [CONV],
+        "cnn": [CONV, model(CONV, processor={"name": "cnn", "channels": 8, "layers": 2, "separable": False})],
         "unet": [model(CONV, dim_x=2, grid=GRID_2D, processor={"name": "unet", "channels": [8, 8, 8]})],
-        "swin": [GRIDDED],
-        "vit": [model(GRIDDED, processor={"name": "vit", "layers": 2, "patch": 2, **ATTN})],
+        "swin": [
+            GRIDDED,
+            model(
+                GRIDDED,
+                processor={"name": "swin", "layers": 2, "window": 4, "shift": 1, "share_weights": False, **ATTN},
+            ),
+        ],
+        "vit": [
+            model(GRIDDED, processor={"name": "vit", "layers": 2, "patch": 2, **ATTN}),
+            model(GRIDDED, processor={"name": "vit", "layers": 2, **ATTN}),
+        ],
     },
     "grid_decoder": {
         "cross_attention": [SET],
@@ -274,7 +306,15 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                 grid_decoder={"name": "te_cross_attention", "update_locations": True, "rotation": True, **TE_ATTN},
             ),
         ],
-        "relational": [model(TE, processor={"name": "identity"}, grid_decoder={"name": "relational", "hidden": 16})],
+        "relational": [
+            model(TE, processor={"name": "identity"}, grid_decoder={"name": "relational", "hidden": 16}),
+            model(
+                TE,
+                dim_x=2,
+                processor={"name": "identity"},
+                grid_decoder={"name": "relational", "hidden": 16, "rotation": True, "max_pairs": 8},
+            ),
+        ],
         "joint_self_attention": [
             model(
                 SET,
@@ -300,9 +340,23 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                     **ATTN,
                 },
             ),
+            model(
+                GRIDDED,
+                **SOURCES,
+                grid_decoder={
+                    "name": "knn",
+                    "k": 4,
+                    "relative_position": True,
+                    "context_k": 3,
+                    "context_sources": ["b"],
+                },
+            ),
         ],
         "te_knn": [model(GRIDDED, grid_decoder={"name": "te_knn", "k": 4, **TE_ATTN})],
-        "kernel_interpolation": [CONV, model(CONV, grid_decoder={"name": "kernel_interpolation", "nearest": 3})],
+        "kernel_interpolation": [
+            CONV,
+            model(CONV, grid_decoder={"name": "kernel_interpolation", "nearest": 3, "chunk_size": 4}),
+        ],
         "gka": [
             model(BASELINE, grid_decoder={"name": "gka", "modulate": True, "hidden": 8}),
             model(BASELINE, grid_decoder={"name": "gka", "k": 3}),
@@ -312,6 +366,14 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
         "interpolation": [
             model(BASELINE, **TWINS),
             model(BASELINE, **TWINS, grid_decoder={"name": "interpolation", "k": 1, "power": 1.0}),
+            model(  # source b multilinearly interpolated on its grid
+                BASELINE,
+                **TWINS,
+                grid_decoder={
+                    "name": "interpolation",
+                    "gridded": {"b": {"lower": [-2, -2], "upper": [2, 2], "shape": [5, 5]}},
+                },
+            ),
         ],
     },
     "likelihood": {
