@@ -490,6 +490,18 @@ def test_every_case_names_a_registered_component():
     assert not stale, f"cases for components the registry does not have (renamed or removed?): {', '.join(stale)}"
 
 
+def test_every_known_bug_names_a_test_and_a_case():
+    ids = {param.id for param in params(*STAGES, *EXTRA_KINDS)}
+    stale = [
+        key
+        for key in KNOWN_BUGS
+        if not key[0].startswith("test_")
+        or key[0] not in globals()
+        or (key[1].split("-")[0] in KINDS and key[1] not in ids)
+    ]
+    assert not stale, f"KNOWN_BUGS entries that match no test and case: {stale}"
+
+
 # --- inputs and checks ------------------------------------------------------------------------------------------
 
 
