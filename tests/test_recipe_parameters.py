@@ -92,15 +92,45 @@ PRESET_PARAMETERS = {
 }
 
 
+def recipe_model_spec(recipe: str) -> dict:
+    """The model specification of ``recipes/<recipe>`` without the training settings."""
+    spec = yaml.safe_load((ROOT / "recipes" / recipe).read_text())["model"]["init_args"]
+    return {k: v for k, v in spec.items() if k not in TRAINING_KEYS}
+
+
+def table_line(recipe: str) -> str:
+    """The ``RECIPE_PARAMETERS`` entry to paste for ``recipe``: its name and current parameter count."""
+    try:
+        count = count_parameters(build_model(recipe_model_spec(recipe)))
+    except Exception as err:  # the message still names the recipe, and says why it has no count
+        return f'    "{recipe}": ...,  # it does not build: {type(err).__name__}: {err}'
+    return f'    "{recipe}": {count},'
+
+
 def test_every_recipe_is_listed():
-    assert sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")) == sorted(RECIPE_PARAMETERS)
+    recipes = {p.name for p in (ROOT / "recipes").glob("*.yaml")}
+    new, gone = sorted(recipes - set(RECIPE_PARAMETERS)), sorted(set(RECIPE_PARAMETERS) - recipes)
+    message = []
+    if new:
+        message += [
+            "recipe(s) without a parameter count: add these lines to RECIPE_PARAMETERS in "
+            "tests/test_recipe_parameters.py (the count is the recipe's model as it builds now):",
+            *(table_line(r) for r in new),
+        ]
+    if gone:
+        message += ["RECIPE_PARAMETERS lists recipe(s) that recipes/ no longer has: remove these lines:"]
+        message += [f'    "{r}": {RECIPE_PARAMETERS[r]},' for r in gone]
+    if message:
+        pytest.fail("\n".join(message), pytrace=False)
 
 
 @pytest.mark.parametrize(("recipe", "expected"), sorted(RECIPE_PARAMETERS.items()))
 def test_recipe_builds_with_its_parameter_count(recipe, expected):
-    spec = yaml.safe_load((ROOT / "recipes" / recipe).read_text())["model"]["init_args"]
-    spec = {k: v for k, v in spec.items() if k not in TRAINING_KEYS}
-    assert count_parameters(build_model(spec)) == expected
+    count = count_parameters(build_model(recipe_model_spec(recipe)))
+    assert count == expected, (
+        f"recipes/{recipe} builds a model of {count} parameters, not {expected}. If the change is deliberate, set its "
+        f'line in RECIPE_PARAMETERS to:\n    "{recipe}": {count},'
+    )
 
 
 @pytest.mark.parametrize(("preset", "expected"), sorted(PRESET_PARAMETERS.items()))
