@@ -388,7 +388,9 @@ class InterpolationResidual(nn.Module):
     def _weighted(near: Neighbours, extra: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The softmax-weighted mean ``[B, Nt, Dy]`` of the neighbours' values (``extra`` added to the logits) and
         each source's weight share ``[B, Nt, S]``."""
-        logits = near.logits if extra is None else near.logits + extra
+        logits = near.logits
+        if extra is not None:  # invalid neighbours stay at -inf, and no gradient reaches `extra` through them
+            logits = torch.where(torch.isfinite(logits), logits + extra, float("-inf"))
         weights = torch.softmax(logits, -1).nan_to_num(0.0)  # no valid neighbour at all: zeros
         mean = (weights.unsqueeze(-1) * near.values).sum(-2)
         return mean, torch.stack([w.sum(-1) for w in weights.split(near.sizes, -1)], -1)
