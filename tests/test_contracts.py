@@ -61,21 +61,7 @@ def _one_thread() -> Iterator[None]:
 
 #: Contract violations that are bugs of the component, ``{(test, case id): what is wrong}``: those tests are expected to
 #: fail, strictly (once the bug is fixed the test passes, which fails until its entry here is removed).
-KNOWN_BUGS = {
-    **dict.fromkeys(
-        [
-            ("test_grid_decoder_gradient_reaches_every_parameter", "grid_decoder-te_cross_attention-1"),
-            ("test_model_gradient_reaches_every_parameter", "grid_decoder-te_cross_attention-1"),
-        ],
-        "grid decoder 'te_cross_attention' with update_locations: the last block's location update (attn.phi) is "
-        "computed and thrown away, so its parameters get no gradient (DDP refuses such a model without "
-        "find_unused_parameters); recipes gp1d_te_pt_tnp and sawtooth2d_te_tnp_rotation build it",
-    ),
-    ("test_model_predicts_for_a_task_without_context", "residual-interpolation"): (
-        "residual 'interpolation' with adaptive: a target without any valid neighbour gets NaN gradients (adapt adds "
-        "its reweighting to logits that are all -inf, and the softmax's NaN gradient reaches the tokens it came from)"
-    ),
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(autouse=True)

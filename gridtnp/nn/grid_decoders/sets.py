@@ -117,11 +117,14 @@ class TECrossAttentionDecoder(nn.Module):
         max_pairs: int | None = DEFAULT_MAX_PAIRS,
     ) -> None:
         super().__init__()
-        attention = te_attention(
-            dim, dim_x, heads, head_dim, variant, rotation, rho_hidden, update_locations, max_pairs
-        )
+        def attention(update: bool) -> nn.Module:
+            options = (variant, rotation, rho_hidden, update, max_pairs)
+            return te_attention(dim, dim_x, heads, head_dim, *options)()
+
+        # The last block's moved locations would never be read: it moves none (no parameter without a gradient).
         self.blocks = nn.ModuleList(
-            CrossAttentionBlock(dim, mlp_dim=mlp_dim, attention=attention()) for _ in range(layers)
+            CrossAttentionBlock(dim, mlp_dim=mlp_dim, attention=attention(update_locations and i < layers - 1))
+            for i in range(layers)
         )
 
     def forward(self, states: list[Latent], zt: Tensor, xt: Tensor) -> Tensor:
