@@ -75,7 +75,8 @@ class StationReanalysisDataModule(StoreDataModule):
             ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) and reuses it.
         stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
         station_variable: the variable observed at the stations (context and targets).
-        grid_variables: the variables of the on-the-grid context.
+        grid_variables: the variables of the on-the-grid context; an empty list drops the ``"grid"`` source (the
+            paper's t2m-only ablation: stations alone).
         coarsen: block size of the on-the-grid context in fine cells (4: 0.25 -> 1 degree; 1 keeps the store's
             resolution), or a list of sizes, one drawn per training task.
         coarsen_offset: where training tasks' blocks start, in fine cells from the store's first row / column:
@@ -195,8 +196,10 @@ class StationReanalysisDataModule(StoreDataModule):
             "train": (factors, offset),
             "eval": ([eval_factor], check_offset(where, "eval_offset", eval_offset, [eval_factor])),
         }
-        if isinstance(grid_variables, str) or not grid_variables:
-            raise ConfigError(f"{where}: grid_variables must be a non-empty list of names; got {grid_variables!r}.")
+        if isinstance(grid_variables, str):
+            raise ConfigError(f"{where}: grid_variables must be a list of names; got {grid_variables!r}.")
+        if not grid_variables and time_features:
+            raise ConfigError(f"{where}: time_features needs grid_variables (the clock rides on the grid context).")
         self.save_hyperparameters()
         self.stations = stations
         self.station_variable, self.grid_variables = station_variable, list(grid_variables)
@@ -224,7 +227,9 @@ class StationReanalysisDataModule(StoreDataModule):
 
     @property
     def dim_y(self) -> dict[str, int]:
-        """Output dimension per context source."""
+        """Output dimension per context source; no ``"grid"`` source when ``grid_variables`` is empty."""
+        if not self.grid_variables:
+            return {"stations": 1}
         return {"grid": len(self.grid_variables) + 2 * self.time_features, "stations": 1}
 
     target_dim_y = 1

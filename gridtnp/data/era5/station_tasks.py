@@ -152,20 +152,20 @@ class StationReanalysisTask:
             mask_t = np.ones((b, s), dtype=bool)
         mask_t = mask_t & np.take_along_axis(station_ok, idx_t, 1)
 
-        context = {
-            "grid": masked_observations(
+        context = {}
+        if y_grid.shape[-1]:  # no grid variables (stations-only tasks): no "grid" source
+            context["grid"] = masked_observations(
                 torch.from_numpy(np.where(grid_ok[..., None], grid_x, 0.0).astype(np.float32)),
                 y_grid,
                 grid_ok,
                 "context['grid']",
-            ),
-            "stations": masked_observations(
-                torch.from_numpy(self.station_x[idx_c]),
-                np.take_along_axis(station_y, idx_c, 1)[..., None],
-                mask_c,
-                "context['stations']",
-            ),
-        }
+            )
+        context["stations"] = masked_observations(
+            torch.from_numpy(self.station_x[idx_c]),
+            np.take_along_axis(station_y, idx_c, 1)[..., None],
+            mask_c,
+            "context['stations']",
+        )
         extras = {
             "target_scale": torch.full((b,), float(self.station_std)),
             "hour": torch.from_numpy(t_target.astype(np.int64)),
