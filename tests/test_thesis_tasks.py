@@ -1,0 +1,99 @@
+"""The {On, Off}-the-grid thesis's 1-D two-modality GP task, against closed forms computed with numpy."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from gridtnp.data.gp1d_multimodal import GP1DMultimodal, hadamard_covariance
+from gridtnp.models import build_model
+from gridtnp.registry import ConfigError, build_from_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_hadamard_covariance_is_the_task_covariance_times_the_se_kernel():
+    x = torch.tensor([[-1.0, 0.0, 0.5, 2.0]], dtype=torch.float64)
+    task = torch.tensor([1, 0, 1, 0])
+    got = hadamard_covariance(x, task, torch.tensor([0.7]), 0.3)[0].numpy()
+    tasks = np.array([[1.0, 0.3], [0.3, 1.0]])
+    for i in range(4):  # a loop over pairs: C[t_i, t_j] k(x_i, x_j)
+        for j in range(4):
+            k = math.exp(-0.5 * (x[0, i].item() - x[0, j].item()) ** 2 / 0.7**2)
+            assert got[i, j] == pytest.approx(tasks[task[i], task[j]] * k)
+
+
+def test_batches_have_the_thesis_layout():
+    task = build_from_spec("task", {"name": "gp1d_multimodal", "correlation": 0.5})
+    batch = task.sample(4, torch.Generator().manual_seed(0))
+    grid, points = batch.context["grid"], batch.context["points"]
+    assert grid.x.shape == (4, 64, 1) and torch.allclose(grid.x[0, :2, 0], torch.tensor([-3.9375, -3.8125]))
+    assert points.mask.sum(1).min() >= 1 and points.mask.sum(1).max() <= 64
+    assert points.x[points.mask].abs().max() <= 2.0 and batch.target.x.shape == (4, 128, 1)
+    assert batch.target.x.abs().max() <= 4.0 and batch.extras["oracle_loglik"].shape == (4,)
+    off = GP1DMultimodal(modalities="off_grid").sample(2, torch.Generator().manual_seed(0))
+    assert list(off.context) == ["points"]
+    with pytest.raises(ConfigError, match="correlation"):
+        GP1DMultimodal(correlation=1.5)
+
+
+@pytest.mark.parametrize("correlation", [0.0, 0.5, 0.8, 1.0])
+def test_oracle_is_the_gaussian_conditional_computed_with_numpy(correlation: float):
+    task = GP1DMultimodal(correlation=correlation, log_lengthscale_range=(0.0, 0.0), points_per_unit=2.0, noise=0.1)
+    batch = task.sample(2, torch.Generator().manual_seed(1))
+    for b in range(2):
+        m = batch.context["points"].mask[b].numpy()
+        xg, yg = batch.context["grid"].x[b, :, 0].double().numpy(), batch.context["grid"].y[b, :, 0].double().numpy()
+        xp = batch.context["points"].x[b, m, 0].double().numpy()
+        yp = batch.context["points"].y[b, m, 0].double().numpy()
+        xt, yt = batch.target.x[b, :, 0].double().numpy(), batch.target.y[b, :, 0].double().numpy()
+        x = np.concatenate([xg, xp, xt])
+        t = np.array([1] * len(xg) + [0] * (len(xp) + len(xt)))
+        c = np.where(t[:, None] == t[None, :], 1.0, correlation)
+        cov = c * np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2)
+        n = len(xg) + len(xp)
+        k_cc = cov[:n, :n] + 0.01 * np.eye(n)
+        solve = np.linalg.solve(k_cc, cov[:n, n:])  # [C, T]
+        y_c = np.concatenate([yg, yp])
+        mean = solve.T @ y_c
+        var = np.diag(cov[n:, n:]) + 0.01 - np.einsum("ct,ct->t", cov[:n, n:], solve)
+        want = np.mean(-0.5 * (np.log(2 * np.pi * var) + (yt - mean) ** 2 / var))
+        # The batch's x are float32 and its oracle uses the float64 x it drew: agreement to float32 rounding.
+        assert batch.extras["oracle_loglik"][b].item() == pytest.approx(want, abs=2e-3)
+
+
+def test_samples_whiten_to_standard_normals_under_the_stated_covariance():
+    """y whitened by the Cholesky factor of C (x) k + noise^2 I has mean 0 and variance 1 (many tasks)."""
+    task = GP1DMultimodal(
+        correlation=0.8,
+        log_lengthscale_range=(0.0, 0.0),
+        points_per_unit=1.0,
+        min_context=4,
+        max_context=4,
+        num_targets=32,
+    )
+    batch = task.sample(200, torch.Generator().manual_seed(2))
+    obs = [batch.context["grid"], batch.context["points"], batch.target]
+    x = torch.cat([o.x[..., 0] for o in obs], 1).double()  # [B, N]: every task has the same sizes
+    y = torch.cat([o.y[..., 0] for o in obs], 1).double()
+    t = torch.cat([torch.full((o.x.shape[1],), int(i == 0)) for i, o in enumerate(obs)])
+    cov = hadamard_covariance(x, t, torch.ones(200), 0.8) + 0.01 * torch.eye(x.shape[1])
+    w = torch.linalg.solve_triangular(torch.linalg.cholesky(cov), y[..., None], upper=False)
+    assert abs(w.mean().item()) < 0.03 and abs(w.var().item() - 1.0) < 0.05
+
+
+@pytest.mark.parametrize("name", ["tnp", "setconv", "mhca"])
+@pytest.mark.parametrize("modalities", ["both", "off_grid"])
+def test_thesis_table_4_1_recipes_run_on_their_task(name: str, modalities: str):
+    config = yaml.safe_load((ROOT / "recipes" / "thesis" / f"thesis_table4_1_{name}.yaml").read_text())
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    task = build_from_spec("task", {**config["data"]["init_args"]["task"], "modalities": modalities})
+    batch = task.sample(2, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dist = build_model(spec)(batch.context, batch.target.x)
+    assert dist.mean.shape == (2, 128, 1) and torch.isfinite(dist.mean).all()
