@@ -11,6 +11,7 @@ import importlib
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -223,3 +224,35 @@ def test_average_learned_tokens_add_one_token_per_grid_point():
             want = z[0, inside].mean(0) if inside.any() else torch.zeros(4)
             torch.testing.assert_close(out_plain[0, i, j], want)
     torch.testing.assert_close(learned(tokens).tokens, out_plain + learned.tokens)
+
+
+def test_plain_cnn_is_a_stack_of_convolutions_computed_with_numpy():
+    """processor cnn, residual false: Linear, conv, ReLU, conv, Linear; zero padding, wrapped along a rolled dim."""
+    from gridtnp.nn.processors.convolutional import CNNProcessor
+
+    torch.manual_seed(0)
+    grid = Grid([0.0, 0.0], [1.0, 1.0], [4, 5], roll=[False, True])
+    cnn = CNNProcessor(grid, dim=3, channels=2, layers=2, kernel_size=3, separable=False, residual=False)
+    tokens = torch.randn(1, 4, 5, 3)
+    got = cnn(Latent(tokens, grid=grid))[0].tokens[0].detach().numpy()
+
+    def linear(layer: torch.nn.Linear, h: np.ndarray) -> np.ndarray:
+        return h @ layer.weight.detach().numpy().T + layer.bias.detach().numpy()
+
+    def conv(layer: torch.nn.Module, h: np.ndarray) -> np.ndarray:  # h [4, 5, C]; a loop over cells and taps
+        w, bias = layer.conv.weight.detach().numpy(), layer.conv.bias.detach().numpy()  # [out, in, 3, 3]
+        out = np.zeros((4, 5, w.shape[0]))
+        for i in range(4):
+            for j in range(5):
+                out[i, j] = bias
+                for a in range(3):
+                    for b in range(3):
+                        ii, jj = i + a - 1, (j + b - 1) % 5
+                        if 0 <= ii < 4:
+                            out[i, j] += w[:, :, a, b] @ h[ii, jj]
+        return out
+
+    h = linear(cnn.inp, tokens[0].numpy())
+    h = conv(cnn.spatial[1], np.maximum(conv(cnn.spatial[0], h), 0.0))
+    np.testing.assert_allclose(got, linear(cnn.out, h), rtol=1e-5, atol=1e-5)
+    assert len(cnn.pointwise) == 0
