@@ -97,3 +97,37 @@ def test_thesis_table_4_1_recipes_run_on_their_task(name: str, modalities: str):
     with torch.no_grad():
         dist = build_model(spec)(batch.context, batch.target.x)
     assert dist.mean.shape == (2, 128, 1) and torch.isfinite(dist.mean).all()
+
+
+def test_swin_with_patch_coarsening_is_the_patch_convolution_then_swin_on_the_coarse_grid():
+    from gridtnp.nn.grids import Grid
+    from gridtnp.nn.processors.convolutional import channels_first, channels_last
+    from gridtnp.nn.processors.grid_transformers import SwinProcessor
+    from gridtnp.nn.tokens import Latent
+
+    torch.manual_seed(0)
+    grid = Grid([-4.0, -4.0], [4.0, 4.0], [8, 8])
+    pc = SwinProcessor(grid, dim=16, layers=2, window=2, heads=2, head_dim=8, mlp_dim=16, patch=2)
+    assert pc.grid.shape == (4, 4) and pc.grid.lower == pytest.approx((-4 + 4 / 7,) * 2)  # 2 x 2 patch centres
+    plain = SwinProcessor(pc.grid, dim=16, layers=2, window=2, heads=2, head_dim=8, mlp_dim=16)
+    plain.blocks.load_state_dict(pc.blocks.state_dict())
+    tokens = torch.randn(2, 8, 8, 16)
+    # The patch embedding by hand: each coarse token is W . (its 2 x 2 block of fine tokens) + b.
+    w, b = pc.embed.weight.detach(), pc.embed.bias.detach()
+    blocks = tokens.reshape(2, 4, 2, 4, 2, 16).permute(0, 1, 3, 5, 2, 4)  # [B, 4, 4, C, 2, 2]
+    coarse = torch.einsum("oihw,bxyihw->bxyo", w, blocks) + b
+    torch.testing.assert_close(channels_last(pc.embed(channels_first(tokens))), coarse, rtol=1e-5, atol=1e-5)
+    got = pc(Latent(tokens, grid=grid))
+    want = plain(Latent(coarse, grid=pc.grid))
+    assert len(got) == 2 and got[-1].grid == pc.grid
+    torch.testing.assert_close(got[-1].tokens, want[-1].tokens, rtol=1e-4, atol=1e-5)
+
+
+def test_thesis_patch_coarsening_swin_recipe_runs_on_its_task():
+    config = yaml.safe_load((ROOT / "recipes" / "thesis" / "thesis_fig4_5_pc_swin.yaml").read_text())
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    batch = build_from_spec("task", config["data"]["init_args"]["task"]).sample(2, torch.Generator().manual_seed(0))
+    assert batch.context["grid"].x.shape == (2, 64, 2)
+    with torch.no_grad():
+        dist = build_model(spec)(batch.context, batch.target.x)
+    assert dist.mean.shape == (2, 128, 1) and torch.isfinite(dist.mean).all()
