@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from gridtnp.batch import Observations
 from gridtnp.data.gp1d_multimodal import GP1DMultimodal, hadamard_covariance
 from gridtnp.models import build_model
 from gridtnp.registry import ConfigError, build_from_spec
@@ -131,3 +132,38 @@ def test_thesis_patch_coarsening_swin_recipe_runs_on_its_task():
     with torch.no_grad():
         dist = build_model(spec)(batch.context, batch.target.x)
     assert dist.mean.shape == (2, 128, 1) and torch.isfinite(dist.mean).all()
+
+
+@pytest.mark.parametrize("k", [None, 3])
+def test_gka_lengthscale_field_is_the_kernel_average_with_sigma_of_the_target(k: int | None):
+    """lengthscale_mlp: w_n = exp(-0.5 sum_d ((x_t,d - x_n,d) / sigma_d(x_t))^2), checked with a numpy loop."""
+    from gridtnp.nn.grid_decoders.kernel_averaging import GKADecoder
+    from gridtnp.nn.tokens import Latent
+
+    torch.manual_seed(0)
+    gka = GKADecoder(dim=2, dim_x=2, lengthscale=[0.5, 2.0], k=k, lengthscale_mlp=True, hidden=8)
+    torch.nn.init.normal_(gka.scale_field[-1].weight)  # a non-trivial field (it starts at exp(0) = 1)
+    x, z, xt = torch.randn(1, 6, 2), torch.randn(1, 6, 2), torch.randn(1, 4, 2)
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    got = gka([Latent(z, mask=mask, x=x)], torch.zeros(1, 4, 2), xt)[0].detach().numpy()
+    sigma = (gka.lengthscale * gka.scale_field(xt).exp())[0].detach().numpy()  # [Nt, 2]
+    xn, zn, xq = x[0].numpy(), z[0].numpy(), xt[0].numpy()
+    base = gka.lengthscale.detach().numpy()
+    for t in range(4):  # a loop over targets and context points
+        logits = np.array([-0.5 * np.sum(((xq[t] - xn[n]) / sigma[t]) ** 2) for n in range(6)])
+        keep = np.ones(6, bool)
+        if k is not None:  # the k nearest in the base metric
+            keep[:] = False
+            keep[np.argsort([np.sum(((xq[t] - xn[n]) / base) ** 2) for n in range(6)])[:k]] = True
+        w = np.where(keep, np.exp(logits - logits[keep].max()), 0.0)
+        np.testing.assert_allclose(got[t], (w[:, None] * zn).sum(0) / w.sum(), rtol=1e-4, atol=1e-5)
+
+
+def test_gka_lengthscale_mlp_recipe_builds():
+    config = yaml.safe_load((ROOT / "recipes" / "thesis" / "attention_gka_lengthscale_mlp.yaml").read_text())
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k not in ("lr", "warmup_steps", "lr_schedule")}
+    model = build_model(spec)
+    assert model.grid_decoder.scale_field is not None
+    context = {"stations": Observations(torch.randn(1, 5, 2), torch.randn(1, 5, 1), torch.ones(1, 5, dtype=torch.bool))}
+    with torch.no_grad():
+        assert torch.isfinite(model(context, torch.randn(1, 3, 2)).mean).all()
