@@ -167,3 +167,38 @@ def test_gka_lengthscale_mlp_recipe_builds():
     context = {"stations": Observations(torch.randn(1, 5, 2), torch.randn(1, 5, 1), torch.ones(1, 5, dtype=torch.bool))}
     with torch.no_grad():
         assert torch.isfinite(model(context, torch.randn(1, 3, 2)).mean).all()
+
+
+def test_patch_grid_encoder_is_the_fine_average_then_the_patch_map_by_hand():
+    from gridtnp.nn.grid_encoders import PatchGridEncoder
+    from gridtnp.nn.grids import Grid
+    from gridtnp.nn.tokens import Tokens
+
+    torch.manual_seed(0)
+    grid = Grid([0.0, 0.0], [3.0, 3.0], [4, 4])  # fine points 0, 1, 2, 3 along each axis
+    enc = PatchGridEncoder(grid, dim=3, in_dim=2, patch=2)
+    x = torch.tensor([[[0.1, 0.2], [0.2, -0.1], [2.9, 1.1], [1.0, 3.0]]])  # cells (0,0), (0,0), (3,1), (1,3)
+    z = torch.randn(1, 4, 2)
+    out = enc({"s": Tokens(x, z, torch.ones(1, 4, dtype=torch.bool))})
+    assert out.grid.shape == (2, 2) and out.grid.lower == (0.5, 0.5)
+    proj = enc.fine.proj
+    fine = enc.fine.empty.detach().expand(4, 4, 3).clone()  # empty cells: the learned empty token
+    for cell, members in {(0, 0): [0, 1], (3, 1): [2], (1, 3): [3]}.items():  # a loop over occupied cells
+        fine[cell] = proj(z[0, members].mean(0)).detach()
+    w, b = enc.embed.weight.detach(), enc.embed.bias.detach()  # [out, in, 2, 2]
+    for i in range(2):
+        for j in range(2):
+            patch = fine[2 * i : 2 * i + 2, 2 * j : 2 * j + 2]  # [2, 2, C]
+            want = torch.einsum("oiab,abi->o", w, patch) + b
+            torch.testing.assert_close(out.tokens[0, i, j], want, rtol=1e-5, atol=1e-5)
+
+
+def test_thesis_patch_before_grid_encoder_recipe_runs_on_its_task():
+    config = yaml.safe_load((ROOT / "recipes" / "thesis" / "thesis_pc_before_grid_encoder.yaml").read_text())
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    batch = build_from_spec("task", config["data"]["init_args"]["task"]).sample(2, torch.Generator().manual_seed(0))
+    model = build_model(spec)
+    assert model.grid_encoder.grid.shape == (4, 4)
+    with torch.no_grad():
+        dist = model(batch.context, batch.target.x)
+    assert dist.mean.shape == (2, 128, 1) and torch.isfinite(dist.mean).all()

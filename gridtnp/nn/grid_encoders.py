@@ -24,18 +24,19 @@ from gridtnp.nn.attention import CrossAttentionBlock
 from gridtnp.nn.grids import (
     Grid,
     assign_cells,
-    coarsen_grid,
     great_circle,
     grid_coordinates,
     haversine_distance,
     haversine_lengthscale,
     initial_lengthscale,
     se_weights,
+    target_grid,
 )
 from gridtnp.nn.mlp import mlp
+from gridtnp.nn.processors.convolutional import channels_first, channels_last, conv_class
 from gridtnp.nn.setconv import grid_sum
 from gridtnp.nn.single_query import segment_attention
-from gridtnp.nn.tokens import Latent, Tokens, concat_sources, zero_padding
+from gridtnp.nn.tokens import Latent, Tokens, check_width, concat_sources, zero_padding
 from gridtnp.registry import build_from_spec, register
 
 
@@ -62,30 +63,6 @@ class IdentityGridEncoder(nn.Module):
             raise ValueError(f"grid encoder 'identity': context source(s) {unknown} are not among {names}.")
         ids = torch.cat([torch.full(s.mask.shape, names.index(n), device=s.mask.device) for n, s in sources.items()], 1)
         return Latent(t.z, mask=t.mask, x=t.x, source=ids)
-
-
-def target_grid(grid: Grid | None, coarsen: int | Sequence[int] | None, name: str) -> Grid:
-    """The grid a gridded encoder writes to: the model's ``grid``, or its ``coarsen``-times coarser block centres."""
-    if grid is None:
-        raise ValueError(
-            f"grid encoder {name!r} needs the model's grid: set grid: {{lower: [...], upper: [...], shape: [...]}} "
-            "in the model specification (or pass grid=Grid(...))."
-        )
-    if coarsen is None:
-        return grid
-    try:
-        return coarsen_grid(grid, coarsen)
-    except ValueError as err:
-        raise ValueError(f"grid encoder {name!r}: {err}") from err
-
-
-def check_width(t: Tokens, in_dim: int, name: str) -> None:
-    """A clear error when the context tokens are not ``in_dim`` wide."""
-    if t.z.shape[-1] != in_dim:
-        raise ValueError(
-            f"grid encoder {name!r} was built with in_dim={in_dim} but got context tokens of width {t.z.shape[-1]}; "
-            "set in_dim to the point-wise encoder's output width."
-        )
 
 
 @register("grid_encoder", "pseudo_token")
@@ -493,3 +470,31 @@ class MultiSourceGridEncoder(nn.Module):
         else:
             tokens = self.proj(torch.cat([lat.tokens for lat in latents], dim=-1))
         return Latent(tokens, grid=grid)
+
+
+@register("grid_encoder", "patch")
+class PatchGridEncoder(nn.Module):
+    """Patch coarsening: tokens averaged onto the fine grid, then a ``patch`` strided convolution to block centres.
+
+    The {On, Off}-the-grid thesis's patch coarsening before grid encoding (in ``multi``, beside a ``pseudo_token``
+    with ``coarsen: patch`` for scattered sources). Each token goes to its nearest fine grid location (``average``);
+    a convolution with kernel = stride = ``patch`` (the ViT's patch embedding) gives one token per block, at the
+    block centres of ``coarsen_grid(grid, patch)``. ``[B, N, in_dim]`` -> ``Latent([B, M1/p1..Md/pd, dim])``.
+
+    Args:
+        grid: the model's grid (passed by the model): the fine grid the tokens are placed on.
+        dim: token width D of the coarse grid tokens.
+        in_dim: width of the context tokens; null for ``dim``.
+        patch: block size in fine points, one int or one per dimension, dividing the grid.
+    """
+
+    def __init__(self, grid: Grid, dim: int = 128, in_dim: int | None = None, patch: int | Sequence[int] = 2) -> None:
+        super().__init__()
+        self.grid = target_grid(grid, patch, "patch")
+        sizes = (patch,) * grid.ndim if isinstance(patch, int) else tuple(patch)
+        self.fine = AverageGridEncoder(grid, dim=dim, in_dim=in_dim)
+        self.embed = conv_class("patch", grid)(dim, dim, kernel_size=sizes, stride=sizes)
+
+    def forward(self, sources: dict[str, Tokens]) -> Latent:
+        fine = self.fine(sources).tokens  # [B, M1..Md, dim]
+        return Latent(channels_last(self.embed(channels_first(fine))), grid=self.grid)

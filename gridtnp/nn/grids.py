@@ -301,3 +301,18 @@ def assign_cells(grid: Grid, x: Tensor, mask: Tensor, k: int = 1) -> tuple[Tenso
         return grid.flat_index(grid.nearest_index(x)).unsqueeze(-1), mask.unsqueeze(-1)
     cell, valid = grid.neighbours(x, k)
     return cell, valid & mask.unsqueeze(-1)
+
+
+def target_grid(grid: Grid | None, coarsen: int | Sequence[int] | None, name: str) -> Grid:
+    """The grid a gridded encoder writes to: the model's ``grid``, or its ``coarsen``-times coarser block centres."""
+    if grid is None:
+        raise ValueError(
+            f"grid encoder {name!r} needs the model's grid: set grid: {{lower: [...], upper: [...], shape: [...]}} "
+            "in the model specification (or pass grid=Grid(...))."
+        )
+    if coarsen is None:
+        return grid
+    try:
+        return coarsen_grid(grid, coarsen)
+    except ValueError as err:
+        raise ValueError(f"grid encoder {name!r}: {err}") from err
