@@ -202,3 +202,47 @@ def test_thesis_patch_before_grid_encoder_recipe_runs_on_its_task():
     with torch.no_grad():
         dist = model(batch.context, batch.target.x)
     assert dist.mean.shape == (2, 128, 1) and torch.isfinite(dist.mean).all()
+
+
+def test_era5_task_with_random_off_grid_points_and_a_fixed_number_of_targets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """random_points: values at random grid points (checked against the store via xarray), new points per task,
+    context and targets disjoint, exactly num_targets targets."""
+    from gridtnp.data import StationReanalysisDataModule
+    from gridtnp.data.store import normalisation_stats, open_store
+
+    monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path))
+    dm = StationReanalysisDataModule(
+        store=None, random_points=60, num_targets=25, context_fraction=(0.2, 0.5), batch_size=3
+    )
+    dm.prepare_data()
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    context, target = batch.context["stations"], batch.target
+    assert target.x.shape == (3, 25, 2) and target.mask.all()
+    assert context.mask.sum(1).min() >= 12 and context.mask.sum(1).max() <= 30  # floor(share x 60)
+    ds = open_store(dm.store_path())
+    mean, std = normalisation_stats(ds, "t2m")
+    for b in range(3):
+        hour = int(batch.extras["hour"][b])
+        xs = torch.cat([context.x[b, context.mask[b]], target.x[b]]).double().numpy()
+        ys = torch.cat([context.y[b, context.mask[b], 0], target.y[b, :, 0]]).double().numpy() * std + mean
+        assert len({tuple(p) for p in xs.round(4).tolist()}) == len(xs)  # distinct points, context and targets apart
+        for (lat, lon), y in zip(xs, ys, strict=True):  # a loop over points: the store's value there
+            want = float(ds["t2m"].isel(time=hour).sel(latitude=lat, longitude=lon, method="nearest"))
+            assert y == pytest.approx(want, abs=1e-3)
+    assert not torch.equal(target.x[0], target.x[1])  # drawn anew per task
+    with pytest.raises(ConfigError, match="num_targets"):
+        StationReanalysisDataModule(store=None, random_points=10, num_targets=10).setup()
+
+
+def test_thesis_era5_recipe_builds_and_its_data_section_constructs():
+    config = yaml.safe_load((ROOT / "recipes" / "thesis" / "thesis_era5_random_points.yaml").read_text())
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    model = build_model(spec)
+    assert model.grid_encoder.grid.shape == (30, 60)
+    from gridtnp.data import StationReanalysisDataModule
+
+    dm = StationReanalysisDataModule(**config["data"]["init_args"])  # checks every option (no store is opened)
+    assert (dm.random_points, dm.num_targets) == (3000, 1000)
