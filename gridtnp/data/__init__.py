@@ -6,7 +6,7 @@
 
 from typing import Any
 
-from gridtnp.data import gp, sawtooth  # noqa: F401  (importing registers the tasks)
+from gridtnp.data import gp, gp1d_multimodal, sawtooth  # noqa: F401  (importing registers the tasks)
 from gridtnp.data.datamodules import SyntheticDataModule
 from gridtnp.data.sample import sample_path
 from gridtnp.data.tasks import Task

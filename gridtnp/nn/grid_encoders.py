@@ -23,18 +23,20 @@ from torch import Tensor, nn
 from gridtnp.nn.attention import CrossAttentionBlock
 from gridtnp.nn.grids import (
     Grid,
-    coarsen_grid,
+    assign_cells,
     great_circle,
     grid_coordinates,
     haversine_distance,
     haversine_lengthscale,
     initial_lengthscale,
     se_weights,
+    target_grid,
 )
 from gridtnp.nn.mlp import mlp
+from gridtnp.nn.processors.convolutional import channels_first, channels_last, conv_class
 from gridtnp.nn.setconv import grid_sum
 from gridtnp.nn.single_query import segment_attention
-from gridtnp.nn.tokens import Latent, Tokens, concat_sources, zero_padding
+from gridtnp.nn.tokens import Latent, Tokens, check_width, concat_sources, zero_padding
 from gridtnp.registry import build_from_spec, register
 
 
@@ -61,43 +63,6 @@ class IdentityGridEncoder(nn.Module):
             raise ValueError(f"grid encoder 'identity': context source(s) {unknown} are not among {names}.")
         ids = torch.cat([torch.full(s.mask.shape, names.index(n), device=s.mask.device) for n, s in sources.items()], 1)
         return Latent(t.z, mask=t.mask, x=t.x, source=ids)
-
-
-def target_grid(grid: Grid | None, coarsen: int | Sequence[int] | None, name: str) -> Grid:
-    """The grid a gridded encoder writes to: the model's ``grid``, or its ``coarsen``-times coarser block centres."""
-    if grid is None:
-        raise ValueError(
-            f"grid encoder {name!r} needs the model's grid: set grid: {{lower: [...], upper: [...], shape: [...]}} "
-            "in the model specification (or pass grid=Grid(...))."
-        )
-    if coarsen is None:
-        return grid
-    try:
-        return coarsen_grid(grid, coarsen)
-    except ValueError as err:
-        raise ValueError(f"grid encoder {name!r}: {err}") from err
-
-
-def check_width(t: Tokens, in_dim: int, name: str) -> None:
-    """A clear error when the context tokens are not ``in_dim`` wide."""
-    if t.z.shape[-1] != in_dim:
-        raise ValueError(
-            f"grid encoder {name!r} was built with in_dim={in_dim} but got context tokens of width {t.z.shape[-1]}; "
-            "set in_dim to the point-wise encoder's output width."
-        )
-
-
-def assign_cells(grid: Grid, x: Tensor, mask: Tensor, k: int = 1) -> tuple[Tensor, Tensor]:
-    """Flat indices ``[B, N, K]`` of each point's ``k`` nearest grid locations and their validity ``[B, N, K]``.
-
-    Index arithmetic only (``Grid.nearest_index`` / ``Grid.neighbours``), O(N K). Points with ``mask`` False
-    (whose ``x`` may be NaN) and neighbours off the edge of an ordinary dimension are invalid.
-    """
-    x = torch.where(mask.unsqueeze(-1), x, 0.0)
-    if k == 1:
-        return grid.flat_index(grid.nearest_index(x)).unsqueeze(-1), mask.unsqueeze(-1)
-    cell, valid = grid.neighbours(x, k)
-    return cell, valid & mask.unsqueeze(-1)
 
 
 @register("grid_encoder", "pseudo_token")
@@ -129,6 +94,8 @@ class PseudoTokenGridEncoder(nn.Module):
         self_key: each cell's initial pseudo-token is also one of its keys (the reference code); false: context only.
         relative_position: add an MLP embedding of each context token's offset from the cell's grid point (in grid
             spacings, wrapped) to its key and value: where in its cell each observation lies.
+        shared_dims: grid dimensions along which the initial pseudo-tokens are shared (e.g. ``[0]``: one per
+            (lat, lon) point for every hour of a time x lat x lon grid); null: one per grid point.
     """
 
     def __init__(
@@ -144,10 +111,14 @@ class PseudoTokenGridEncoder(nn.Module):
         coarsen: int | Sequence[int] | None = None,
         self_key: bool = True,
         relative_position: bool = False,
+        shared_dims: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         name = "pseudo_token"
         self.grid = target_grid(grid, coarsen, name)
+        if any(not -self.grid.ndim <= int(d) < self.grid.ndim for d in shared_dims or ()):
+            raise ValueError(f"grid encoder 'pseudo_token': shared_dims {shared_dims} must index the grid's dims.")
+        shared = {int(d) % self.grid.ndim for d in shared_dims or ()}
         if k < 1:
             raise ValueError(f"grid encoder 'pseudo_token': k must be >= 1; got {k}.")
         if max_tokens_per_cell is not None and max_tokens_per_cell < 1:
@@ -158,7 +129,8 @@ class PseudoTokenGridEncoder(nn.Module):
         self.in_dim = dim if in_dim is None else in_dim
         self.k, self.max_tokens_per_cell, self.self_key = k, max_tokens_per_cell, self_key
         self.proj_in = nn.Identity() if self.in_dim == dim else nn.Linear(self.in_dim, dim)
-        self.pseudo_tokens = nn.Parameter(torch.randn(*self.grid.shape, dim) * 0.02)
+        token_shape = [1 if d in shared else n for d, n in enumerate(self.grid.shape)]
+        self.pseudo_tokens = nn.Parameter(torch.randn(*token_shape, dim) * 0.02)
         self.block = CrossAttentionBlock(dim, heads, head_dim, mlp_dim)
         self.rel = mlp(self.grid.ndim, 2 * heads * head_dim, mlp_dim) if relative_position else None
 
@@ -168,7 +140,7 @@ class PseudoTokenGridEncoder(nn.Module):
         b = t.mask.shape[0]
         m, dim = self.grid.num_points, self.pseudo_tokens.shape[-1]
         block, attn = self.block, self.block.attn
-        u0 = self.pseudo_tokens.reshape(m, dim)
+        u0 = self.pseudo_tokens.expand(*self.grid.shape, dim).reshape(m, dim)
         z = self.proj_in(zero_padding(t.z, t.mask))  # padded values may be NaN
 
         # One entry per (token, assigned cell): the token's key/value, attending in segment ``batch * m + cell``;
@@ -234,16 +206,24 @@ class AverageGridEncoder(nn.Module):
         dim: token width D of the grid tokens.
         in_dim: width of the context tokens (a Linear maps the means to ``dim`` when it differs); null for ``dim``.
         coarsen: block size in points, an int or one per dimension: encode onto the block centres; null: no coarsening.
+        learned_tokens: add a learned token per grid location to every cell's output (the gridded TNP paper's Avg-GE
+            parameter counts grow by ``dim`` per grid point, so its averages are added to per-location tokens).
     """
 
     def __init__(
-        self, grid: Grid, dim: int = 128, in_dim: int | None = None, coarsen: int | Sequence[int] | None = None
+        self,
+        grid: Grid,
+        dim: int = 128,
+        in_dim: int | None = None,
+        coarsen: int | Sequence[int] | None = None,
+        learned_tokens: bool = False,
     ) -> None:
         super().__init__()
         self.grid = target_grid(grid, coarsen, "average")
         self.in_dim = dim if in_dim is None else in_dim
         self.proj = nn.Identity() if self.in_dim == dim else nn.Linear(self.in_dim, dim)
         self.empty = nn.Parameter(torch.zeros(dim))
+        self.tokens = nn.Parameter(torch.randn(*self.grid.shape, dim) * 0.02) if learned_tokens else None
 
     def forward(self, sources: dict[str, Tokens]) -> Latent:
         t = concat_sources(sources)
@@ -258,8 +238,10 @@ class AverageGridEncoder(nn.Module):
         sums = z.new_zeros(b * m, z.shape[-1]).index_add(0, bucket, z)  # z is already 0 where w is
         counts = w.new_zeros(b * m).index_add(0, bucket, w).unsqueeze(-1)
         out = self.proj(sums / counts.clamp(min=1.0))
-        out = torch.where(counts > 0, out, self.empty.to(out.dtype))
-        return Latent(out.reshape(b, *self.grid.shape, out.shape[-1]), grid=self.grid)
+        out = torch.where(counts > 0, out, self.empty.to(out.dtype)).reshape(b, *self.grid.shape, out.shape[-1])
+        if self.tokens is not None:
+            out = out + self.tokens.to(out.dtype)
+        return Latent(out, grid=self.grid)
 
 
 @register("grid_encoder", "kernel_interpolation")
@@ -488,3 +470,31 @@ class MultiSourceGridEncoder(nn.Module):
         else:
             tokens = self.proj(torch.cat([lat.tokens for lat in latents], dim=-1))
         return Latent(tokens, grid=grid)
+
+
+@register("grid_encoder", "patch")
+class PatchGridEncoder(nn.Module):
+    """Patch coarsening: tokens averaged onto the fine grid, then a ``patch`` strided convolution to block centres.
+
+    The {On, Off}-the-grid thesis's patch coarsening before grid encoding (in ``multi``, beside a ``pseudo_token``
+    with ``coarsen: patch`` for scattered sources). Each token goes to its nearest fine grid location (``average``);
+    a convolution with kernel = stride = ``patch`` (the ViT's patch embedding) gives one token per block, at the
+    block centres of ``coarsen_grid(grid, patch)``. ``[B, N, in_dim]`` -> ``Latent([B, M1/p1..Md/pd, dim])``.
+
+    Args:
+        grid: the model's grid (passed by the model): the fine grid the tokens are placed on.
+        dim: token width D of the coarse grid tokens.
+        in_dim: width of the context tokens; null for ``dim``.
+        patch: block size in fine points, one int or one per dimension, dividing the grid.
+    """
+
+    def __init__(self, grid: Grid, dim: int = 128, in_dim: int | None = None, patch: int | Sequence[int] = 2) -> None:
+        super().__init__()
+        self.grid = target_grid(grid, patch, "patch")
+        sizes = (patch,) * grid.ndim if isinstance(patch, int) else tuple(patch)
+        self.fine = AverageGridEncoder(grid, dim=dim, in_dim=in_dim)
+        self.embed = conv_class("patch", grid)(dim, dim, kernel_size=sizes, stride=sizes)
+
+    def forward(self, sources: dict[str, Tokens]) -> Latent:
+        fine = self.fine(sources).tokens  # [B, M1..Md, dim]
+        return Latent(channels_last(self.embed(channels_first(fine))), grid=self.grid)

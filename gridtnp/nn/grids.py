@@ -288,3 +288,31 @@ def haversine_lengthscale(grid: Grid, lengthscale: float | Sequence[float] | Non
             f"(one per leading dimension, then one in km for the (latitude, longitude) pair); got {lengthscale!r}."
         )
     return torch.tensor(values)
+
+
+def assign_cells(grid: Grid, x: Tensor, mask: Tensor, k: int = 1) -> tuple[Tensor, Tensor]:
+    """Flat indices ``[B, N, K]`` of each point's ``k`` nearest grid locations and their validity ``[B, N, K]``.
+
+    Index arithmetic only (``Grid.nearest_index`` / ``Grid.neighbours``), O(N K). Points with ``mask`` False
+    (whose ``x`` may be NaN) and neighbours off the edge of an ordinary dimension are invalid.
+    """
+    x = torch.where(mask.unsqueeze(-1), x, 0.0)
+    if k == 1:
+        return grid.flat_index(grid.nearest_index(x)).unsqueeze(-1), mask.unsqueeze(-1)
+    cell, valid = grid.neighbours(x, k)
+    return cell, valid & mask.unsqueeze(-1)
+
+
+def target_grid(grid: Grid | None, coarsen: int | Sequence[int] | None, name: str) -> Grid:
+    """The grid a gridded encoder writes to: the model's ``grid``, or its ``coarsen``-times coarser block centres."""
+    if grid is None:
+        raise ValueError(
+            f"grid encoder {name!r} needs the model's grid: set grid: {{lower: [...], upper: [...], shape: [...]}} "
+            "in the model specification (or pass grid=Grid(...))."
+        )
+    if coarsen is None:
+        return grid
+    try:
+        return coarsen_grid(grid, coarsen)
+    except ValueError as err:
+        raise ValueError(f"grid encoder {name!r}: {err}") from err

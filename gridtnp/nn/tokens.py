@@ -95,3 +95,12 @@ def last_states(states: list[Latent], layers: int, name: str) -> list[Latent]:
             f"set the decoder's layers <= the processor's layers."
         )
     return states[len(states) - layers :]
+
+
+def check_width(t: Tokens, in_dim: int, name: str) -> None:
+    """A clear error when the context tokens are not ``in_dim`` wide."""
+    if t.z.shape[-1] != in_dim:
+        raise ValueError(
+            f"grid encoder {name!r} was built with in_dim={in_dim} but got context tokens of width {t.z.shape[-1]}; "
+            "set in_dim to the point-wise encoder's output width."
+        )

@@ -75,7 +75,8 @@ class StationReanalysisDataModule(StoreDataModule):
             ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) and reuses it.
         stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
         station_variable: the variable observed at the stations (context and targets).
-        grid_variables: the variables of the on-the-grid context.
+        grid_variables: the variables of the on-the-grid context; an empty list drops the ``"grid"`` source (the
+            paper's t2m-only ablation: stations alone).
         coarsen: block size of the on-the-grid context in fine cells (4: 0.25 -> 1 degree; 1 keeps the store's
             resolution), or a list of sizes, one drawn per training task.
         coarsen_offset: where training tasks' blocks start, in fine cells from the store's first row / column:
@@ -122,6 +123,11 @@ class StationReanalysisDataModule(StoreDataModule):
         unique_grid_points: keep one station per grid point (the first in the file). Two stations on one grid point
             have the same value, so one in the context would give the other away as a target; the embedded HadISD
             list has 9,159 distinct 0.25 degree points among its 9,957 stations.
+        random_points: off-the-grid values at this many distinct, uniformly random grid points of the store, drawn
+            anew for every task, in place of the stations (the {On, Off}-the-grid thesis's ERA5 task); the share
+            ``context_fraction`` of them is the context. Predictions still use the stations. null: the stations.
+        num_targets: a fixed number of targets per task: that many held-out points (stations or random points)
+            after the context in each task's random order; null: ``targets`` decides.
     """
 
     def __init__(
@@ -157,6 +163,8 @@ class StationReanalysisDataModule(StoreDataModule):
         predict_split: Literal["train", "val", "test"] = "test",
         predict_context_fraction: float | None = None,
         predict_resolution: float | None = None,
+        random_points: int | None = None,
+        num_targets: int | None = None,
     ) -> None:
         dates = {"train": train_dates, "val": val_dates, "test": test_dates}
         super().__init__(
@@ -195,8 +203,10 @@ class StationReanalysisDataModule(StoreDataModule):
             "train": (factors, offset),
             "eval": ([eval_factor], check_offset(where, "eval_offset", eval_offset, [eval_factor])),
         }
-        if isinstance(grid_variables, str) or not grid_variables:
-            raise ConfigError(f"{where}: grid_variables must be a non-empty list of names; got {grid_variables!r}.")
+        if isinstance(grid_variables, str):
+            raise ConfigError(f"{where}: grid_variables must be a list of names; got {grid_variables!r}.")
+        if not grid_variables and time_features:
+            raise ConfigError(f"{where}: time_features needs grid_variables (the clock rides on the grid context).")
         self.save_hyperparameters()
         self.stations = stations
         self.station_variable, self.grid_variables = station_variable, list(grid_variables)
@@ -212,6 +222,9 @@ class StationReanalysisDataModule(StoreDataModule):
                 f"{where}: predict_resolution must be a positive spacing in degrees; got {predict_resolution}."
             )
         self.predict_split, self.predict_resolution = predict_split, predict_resolution
+        optional = [("random_points", random_points, 2), ("num_targets", num_targets, 1)]
+        check_counts(where, [(name, value, low) for name, value, low in optional if value is not None])
+        self.random_points, self.num_targets = random_points, num_targets
         self.predict_context_fraction = (
             sum(self.context_fraction) / 2 if predict_context_fraction is None else float(predict_context_fraction)
         )
@@ -224,7 +237,9 @@ class StationReanalysisDataModule(StoreDataModule):
 
     @property
     def dim_y(self) -> dict[str, int]:
-        """Output dimension per context source."""
+        """Output dimension per context source; no ``"grid"`` source when ``grid_variables`` is empty."""
+        if not self.grid_variables:
+            return {"stations": 1}
         return {"grid": len(self.grid_variables) + 2 * self.time_features, "stations": 1}
 
     target_dim_y = 1
@@ -288,7 +303,14 @@ class StationReanalysisDataModule(StoreDataModule):
             (time.hour + time.minute / 60.0).to_numpy(np.float64) if self.time_features else None,
             self.hourly_climatology(ds, variables, path) if self.climatology else None,
             time.hour.to_numpy(np.int64),
+            self.random_points,
+            self.num_targets,
         )
+        if self.num_targets is not None and self.num_targets >= self.task.num_stations:
+            raise ConfigError(
+                f"StationReanalysisDataModule: num_targets={self.num_targets} leaves no context among "
+                f"{self.task.num_stations} points."
+            )
 
     def hourly_climatology(self, ds: xr.Dataset, variables: Sequence[str], path: str) -> dict[str, np.ndarray]:
         """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours."""

@@ -45,6 +45,8 @@ class StationReanalysisTask:
         hour_of_day: np.ndarray | None = None,
         climatology: dict[str, np.ndarray] | None = None,
         hour_index: np.ndarray | None = None,
+        random_points: int | None = None,
+        num_targets: int | None = None,
     ) -> None:
         self.cache, self.grid_variables, self.station_variable = cache, list(grid_variables), station_variable
         self.mean = np.array([stats[v][0] for v in self.grid_variables], dtype=np.float32)
@@ -64,12 +66,15 @@ class StationReanalysisTask:
         # {variable: [24, H * W]} mean of each UTC hour of day over the training dates, and [T] each time's hour:
         # values are then departures from it (the DataModule's ``climatology``).
         self.climatology, self.hour_index = climatology, hour_index
+        # Off-the-grid values at this many uniformly random fine grid points per task instead of the stations, and
+        # a fixed number of held-out targets (the {On, Off}-the-grid thesis's ERA5 task).
+        self.random_points, self.num_targets = random_points, num_targets
         if climatology is not None and hour_index is None:
             raise ValueError("StationReanalysisTask: a climatology needs the hour of day of every time (hour_index).")
 
     @property
     def num_stations(self) -> int:
-        return self.station_x.shape[0]
+        return self.random_points or self.station_x.shape[0]
 
     def reference(self, variable: str, hours: np.ndarray, flat: np.ndarray | None = None) -> np.ndarray | float:
         """What a value of ``variable`` is a departure from before scaling: its climatology at the store times
@@ -79,7 +84,9 @@ class StationReanalysisTask:
             i = self.grid_variables.index(variable) if variable in self.grid_variables else None
             return float(self.mean[i]) if i is not None else float(self.station_mean)
         field = self.climatology[variable][self.hour_index[hours]]  # [B, H * W]
-        return field if flat is None else field[:, flat]
+        if flat is None:
+            return field
+        return np.take_along_axis(field, np.broadcast_to(flat, (len(field), flat.shape[-1])), 1)
 
     def sample(
         self,
@@ -101,8 +108,16 @@ class StationReanalysisTask:
             pick = torch.randint(len(split.target_time), (b,), generator=generator).numpy()
         low, high = self.context_fraction if share is None else (share, share)
         share_b = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64)
-        n_ctx = np.minimum(np.floor(share_b.numpy() * s).astype(np.int64), s - 1)  # at least one target
+        fixed = self.num_targets if share is None else None  # a fixed number of held-out targets
+        n_ctx = np.minimum(np.floor(share_b.numpy() * s).astype(np.int64), s - (fixed or 1))  # >= 1 target
         perm = torch.argsort(torch.rand(b, s, generator=generator), dim=1).numpy()  # [B, S] random station order
+        if self.random_points:  # distinct fine grid points per task: [B, S] flat indices and their coordinates
+            size = self.shape[0] * self.shape[1]
+            flat = torch.stack([torch.randperm(size, generator=generator)[:s] for _ in range(b)]).numpy()
+            points_x = np.stack([self.lat[flat // self.shape[1]], self.lon[flat % self.shape[1]]], -1)
+            points_x = points_x.astype(np.float32)
+        else:
+            flat, points_x = np.broadcast_to(self.station_flat, (b, s)), np.broadcast_to(self.station_x, (b, s, 2))
         factors, offset = self.layouts.get(split.name, self.layouts["train"])
         layout = BlockLayout(*draw_layouts(b, factors, offset, generator), self.shape, self.wrap_lon)
 
@@ -131,18 +146,22 @@ class StationReanalysisTask:
             clock = np.stack([np.sin(angle), np.cos(angle)], -1).astype(np.float32)
             y_grid = np.concatenate([y_grid, np.broadcast_to(clock[:, None], (*y_grid.shape[:2], 2))], -1)
         rows = np.arange(b)[:, None]
-        station_value = fields[n_grid][:, self.station_flat]  # [B, S]
-        reference = self.reference(self.station_variable, t_target, self.station_flat)
+        station_value = np.take_along_axis(fields[n_grid], flat, 1)  # [B, S]
+        reference = self.reference(self.station_variable, t_target, flat)
         station_y = (station_value - reference) / self.station_std  # [B, S]
         station_ok = np.isfinite(station_y)
         # Normalised error of predicting each station by its coarse cell's value (not its departure).
-        baseline_err = (coarse_station[rows, layout.block_of(self.station_flat)] - station_value) / self.station_std
+        block = np.take_along_axis(layout.labels, flat, 1)  # [B, S] each point's coarse block
+        baseline_err = (coarse_station[rows, block] - station_value) / self.station_std
 
         # Off-the-grid context: the first n_ctx stations of each task's order; targets: the rest, or every station.
         width_c = max(int(n_ctx.max()), 1)
         idx_c = perm[:, :width_c]
         mask_c = (np.arange(width_c) < n_ctx[:, None]) & np.take_along_axis(station_ok, idx_c, 1)
-        if self.targets == "held_out" and share is None:
+        if fixed:
+            idx_t = np.take_along_axis(perm, n_ctx[:, None] + np.arange(fixed), 1)
+            mask_t = np.ones((b, fixed), dtype=bool)
+        elif self.targets == "held_out" and share is None:
             width_t = s - int(n_ctx.min())
             pos = n_ctx[:, None] + np.arange(width_t)
             idx_t = np.take_along_axis(perm, np.minimum(pos, s - 1), 1)
@@ -152,20 +171,20 @@ class StationReanalysisTask:
             mask_t = np.ones((b, s), dtype=bool)
         mask_t = mask_t & np.take_along_axis(station_ok, idx_t, 1)
 
-        context = {
-            "grid": masked_observations(
+        context = {}
+        if y_grid.shape[-1]:  # no grid variables (stations-only tasks): no "grid" source
+            context["grid"] = masked_observations(
                 torch.from_numpy(np.where(grid_ok[..., None], grid_x, 0.0).astype(np.float32)),
                 y_grid,
                 grid_ok,
                 "context['grid']",
-            ),
-            "stations": masked_observations(
-                torch.from_numpy(self.station_x[idx_c]),
-                np.take_along_axis(station_y, idx_c, 1)[..., None],
-                mask_c,
-                "context['stations']",
-            ),
-        }
+            )
+        context["stations"] = masked_observations(
+            torch.from_numpy(np.take_along_axis(points_x, idx_c[..., None], 1)),
+            np.take_along_axis(station_y, idx_c, 1)[..., None],
+            mask_c,
+            "context['stations']",
+        )
         extras = {
             "target_scale": torch.full((b,), float(self.station_std)),
             "hour": torch.from_numpy(t_target.astype(np.int64)),
@@ -177,7 +196,8 @@ class StationReanalysisTask:
             return Batch(context, target, extras)
         y_t = np.take_along_axis(station_y, idx_t, 1)
         coarse_sq_err = np.where(mask_t, np.take_along_axis(baseline_err, idx_t, 1), 0.0) ** 2  # [B, Nt]
-        target = masked_observations(torch.from_numpy(self.station_x[idx_t]), y_t[..., None], mask_t, "target")
+        x_t = np.take_along_axis(points_x, idx_t[..., None], 1)
+        target = masked_observations(torch.from_numpy(x_t), y_t[..., None], mask_t, "target")
         extras["coarse_sq_err"] = torch.from_numpy(np.nan_to_num(coarse_sq_err).astype(np.float32))
         is_context = np.zeros((b, s), dtype=bool)
         np.put_along_axis(is_context, idx_c, mask_c, axis=1)  # [B, S] by station

@@ -37,14 +37,17 @@ class GKADecoder(nn.Module):
     The attention-models thesis's baseline (Chapter 1): with length-scales ``sigma_d`` learned per input dimension,
     ``out(x_t) = sum_n w_n z_n / sum_n w_n`` with ``w_n = exp(-0.5 sum_d ((x_t,d - x_n,d) / sigma_d)^2 + g(x_n))``;
     ``g = 0``, or an MLP of the context location for the GKA-MLP variant (``modulate``), which lets where a point is
-    raise or lower its weight. Reads a set state with locations (``identity`` grid encoder: the context itself) or
-    a grid state (the grid points; rolled dimensions wrap). With ``k`` null every context point counts (one SDPA
-    call with queries ``[x_t / sigma, 1]`` and keys ``[x_n / sigma, -|x_n / sigma|^2 / 2 + g]``, O(N_t N_c) time,
-    no distance matrix held on kernels that fuse it); with ``k`` only each target's ``k`` nearest in the scaled
-    metric: cell lists for sets (``gridtnp.nn.neighbours.knn_points``, exact; a target whose nearby cells hold
-    fewer than ``k`` points searches wider rings), index arithmetic for grids (``Grid.neighbours``, the
-    ``ceil(k^(1/d))^d`` block around the target). A target without any valid context gets 0. Output ``[B, Nt,
-    dim]``: the average itself when ``dim`` equals the width of the averaged tokens, else a Linear of it.
+    raise or lower its weight. ``lengthscale_mlp`` is the thesis's eq. 1.2 read literally: the length-scales are a
+    function of the location, ``sigma(x_t) = sigma * exp(MLP(x_t))`` per dimension at each target (the MLP starts at
+    0, so training starts from plain GKA); its neighbours are searched with the base ``sigma``. Reads a set state
+    with locations (``identity`` grid encoder: the context itself) or a grid state (the grid points; rolled
+    dimensions wrap). With ``k`` null every context point counts (one SDPA call with queries ``[x_t / sigma, 1]``
+    and keys ``[x_n / sigma, -|x_n / sigma|^2 / 2 + g]``, O(N_t N_c) time, no distance matrix held on kernels that
+    fuse it); with ``k`` only each target's ``k`` nearest in the scaled metric: cell lists for sets
+    (``gridtnp.nn.neighbours.knn_points``, exact; a target whose nearby cells hold fewer than ``k`` points searches
+    wider rings), index arithmetic for grids (``Grid.neighbours``, the ``ceil(k^(1/d))^d`` block around the target).
+    A target without any valid context gets 0. Output ``[B, Nt, dim]``: the average itself when ``dim`` equals the
+    width of the averaged tokens, else a Linear of it.
 
     Args:
         grid: the grid of grid states (passed by the model); unused for set states.
@@ -56,7 +59,8 @@ class GKADecoder(nn.Module):
         learn_lengthscale: learn sigma; false keeps the starting values.
         k: average over each target's ``k`` nearest context points only; null for all of them.
         modulate: GKA-MLP: add an MLP of the context location to the log-weights.
-        hidden: hidden width of the ``modulate`` MLP.
+        hidden: hidden width of the ``modulate`` and ``lengthscale_mlp`` MLPs.
+        lengthscale_mlp: GKA-MLP as a length-scale field: ``sigma(x_t) = sigma * exp(MLP(x_t))`` per dimension.
         layers: must be 1 (the final state only); the model passes the processor's number of states.
     """
 
@@ -72,6 +76,7 @@ class GKADecoder(nn.Module):
         modulate: bool = False,
         hidden: int = 64,
         layers: int = 1,
+        lengthscale_mlp: bool = False,
     ) -> None:
         super().__init__()
         check_final("gka", layers)
@@ -92,6 +97,11 @@ class GKADecoder(nn.Module):
             self.register_buffer("log_lengthscale", log_l)
         self.grid, self.k = grid, k
         self.modulation = mlp(dim_x, 1, hidden, 2) if modulate else None
+        self.scale_field = None
+        if lengthscale_mlp:
+            self.scale_field = mlp(dim_x, dim_x, hidden, 2, activation=nn.ReLU)
+            nn.init.zeros_(self.scale_field[-1].weight)
+            nn.init.zeros_(self.scale_field[-1].bias)
         self.in_dim = dim if in_dim is None else in_dim
         self.proj = nn.Identity() if self.in_dim == dim else nn.Linear(self.in_dim, dim)
 
@@ -127,10 +137,13 @@ class GKADecoder(nn.Module):
         scale = self.lengthscale.float()
         x, xt = torch.where(mask.unsqueeze(-1), x.float(), 0.0), xt.float()
         bias = self.modulation(x).squeeze(-1).float() if self.modulation is not None else x.new_zeros(x.shape[:2])
-        if self.k is None and (grid is None or not any(grid.roll)):
+        target_scale = scale
+        if self.scale_field is not None:  # sigma(x_t) [B, Nt, 1, d]
+            target_scale = (scale * self.scale_field(xt).float().exp()).unsqueeze(-2)
+        if self.k is None and (grid is None or not any(grid.roll)) and self.scale_field is None:
             return self._dense(x, xt, bias, z, mask, scale)
-        if self.k is None:  # wrapped differences do not factor into a dot product: every pair, [B, Nt, M]
-            logits = gka_logits(xt.unsqueeze(2), x.unsqueeze(1), grid, scale) + bias.unsqueeze(1)
+        if self.k is None:  # every pair, [B, Nt, M] (wrapped differences or per-target scales: no dot product)
+            logits = gka_logits(xt.unsqueeze(2), x.unsqueeze(1), grid, target_scale) + bias.unsqueeze(1)
             valid = mask.unsqueeze(1).expand_as(logits)
             return self._average(logits, valid, z.unsqueeze(1).expand(-1, xt.shape[1], -1, -1))
         if grid is not None:
@@ -138,7 +151,7 @@ class GKADecoder(nn.Module):
         else:
             centre = masked_centre(x, mask)
             index, valid = knn_points((x - centre) / scale, mask, (xt - centre) / scale, self.k)
-        logits = gka_logits(xt.unsqueeze(-2), gather_rows(x, index), grid, scale)
+        logits = gka_logits(xt.unsqueeze(-2), gather_rows(x, index), grid, target_scale)
         logits = logits + gather_rows(bias.unsqueeze(-1), index)[..., 0]
         return self._average(logits, valid, gather_rows(z, index))
 

@@ -200,21 +200,31 @@ class JointSelfAttentionDecoder(nn.Module):
         heads: attention heads.
         head_dim: width of each head.
         mlp_dim: hidden width of each block's MLP.
+        context_keys_only: every token attends to the context tokens only (the TNP's mask, Nguyen & Grover 2022:
+            targets do not see one another, so each prediction depends on its own target alone); false: MSA.
     """
 
-    targets_interact = True
-
-    def __init__(self, dim: int = 128, blocks: int = 5, heads: int = 8, head_dim: int = 16, mlp_dim: int = 128) -> None:
+    def __init__(
+        self,
+        dim: int = 128,
+        blocks: int = 5,
+        heads: int = 8,
+        head_dim: int = 16,
+        mlp_dim: int = 128,
+        context_keys_only: bool = False,
+    ) -> None:
         super().__init__()
         if blocks < 1:
             raise ValueError(f"grid decoder 'joint_self_attention': blocks must be >= 1; got {blocks}.")
         self.blocks = nn.ModuleList(SelfAttentionBlock(dim, heads, head_dim, mlp_dim) for _ in range(blocks))
+        self.context_keys_only = context_keys_only
+        self.targets_interact = not context_keys_only
 
     def forward(self, states: list[Latent], zt: Tensor, xt: Tensor) -> Tensor:
         zc, mask_c = states[-1].as_set()
         nc = zc.shape[1]
         z = torch.cat([zc, zt.to(zc.dtype)], dim=1)
-        mask = torch.cat([mask_c, mask_c.new_ones(zt.shape[:2])], dim=1)
+        mask = torch.cat([mask_c, mask_c.new_full(zt.shape[:2], not self.context_keys_only)], dim=1)
         for block in self.blocks:
             z = block(z, mask)
         return z[:, nc:]

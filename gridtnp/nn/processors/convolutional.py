@@ -100,7 +100,9 @@ class CNNProcessor(nn.Module):
 
     Each block is depthwise-separable when ``separable`` (a ``kernel_size`` depthwise conv then a pointwise
     conv), else a full ``kernel_size`` conv then a pointwise conv. 'Same' padding keeps the grid shape;
-    rolled dimensions are padded circularly.
+    rolled dimensions are padded circularly. ``residual: false`` makes it a plain CNN, Linear -> ``layers``
+    convolutions with a ReLU between each two -> Linear, no pointwise convs or skips (the gridded TNP paper's
+    2-D GP ConvCNPs: five layers of C = 128).
 
     Args:
         grid: the grid of the tokens, 1-, 2- or 3-D (passed by the model: the grid encoder's).
@@ -109,6 +111,7 @@ class CNNProcessor(nn.Module):
         layers: number of residual convolution blocks; >= 1.
         kernel_size: kernel width of the spatial convolutions along every grid dimension; odd, >= 1.
         separable: depthwise spatial convolutions (one filter per channel); false for full ones.
+        residual: residual blocks (conv, ReLU, 1x1 conv, skip); false: a plain stack of convolutions and ReLUs.
     """
 
     num_states = 1
@@ -121,9 +124,11 @@ class CNNProcessor(nn.Module):
         layers: int = 4,
         kernel_size: int = 5,
         separable: bool = True,
+        residual: bool = True,
     ) -> None:
         super().__init__()
         check_layers("cnn", layers)
+        self.residual = residual
         _check_kernel("cnn", kernel_size)
         self.grid = grid
         self.inp = nn.Linear(dim, channels)
@@ -131,12 +136,17 @@ class CNNProcessor(nn.Module):
             GridConv("cnn", grid, channels, channels, kernel_size, groups=channels if separable else 1)
             for _ in range(layers)
         )
-        self.pointwise = nn.ModuleList(nn.Linear(channels, channels) for _ in range(layers))
+        self.pointwise = nn.ModuleList(nn.Linear(channels, channels) for _ in range(layers if residual else 0))
         self.out = nn.Linear(channels, dim)
 
     def forward(self, latent: Latent) -> list[Latent]:
         check_grid_tokens("cnn", self.grid, latent.tokens)
         h = self.inp(latent.tokens)
+        if not self.residual:  # plain: conv, ReLU, conv, ..., conv
+            h = channels_first(h)
+            for i, spatial in enumerate(self.spatial):
+                h = spatial(h if i == 0 else F.relu(h))
+            return [latent.with_tokens(self.out(channels_last(h)))]
         for spatial, pointwise in zip(self.spatial, self.pointwise, strict=True):
             h = h + pointwise(F.relu(channels_last(spatial(channels_first(h)))))
         return [latent.with_tokens(self.out(h))]

@@ -72,6 +72,8 @@ class SwinProcessor(nn.Module):
         mlp_dim: hidden width of each block's MLP.
         roll_dims: one bool per grid dimension, true where shifted windows wrap unmasked; null for the grid's roll.
         share_weights: one block for both passes of a layer (the paper's); false gives each pass its own block.
+        patch: patch coarsening first (the {On, Off}-the-grid thesis's PC + Swin): a strided convolution pools
+            ``patch`` points per dimension and the windows tile the coarse grid of patch centres; null: none.
     """
 
     def __init__(
@@ -86,9 +88,13 @@ class SwinProcessor(nn.Module):
         mlp_dim: int = 128,
         roll_dims: Sequence[bool] | None = None,
         share_weights: bool = True,
+        patch: int | Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         check_layers("swin", layers)
+        self.embed = None
+        if patch is not None:
+            self.embed, grid = patch_embedding("swin", grid, dim, patch)
         self.grid = grid
         self.window = per_dim("swin", "window", window, grid.ndim)
         if shift is None:
@@ -146,6 +152,9 @@ class SwinProcessor(nn.Module):
 
     def forward(self, latent: Latent) -> list[Latent]:
         tokens = latent.tokens
+        if self.embed is not None and latent.mask is None:
+            tokens = channels_last(self.embed(channels_first(tokens)))
+            latent = Latent(tokens, grid=self.grid)
         if latent.mask is not None or tokens.dim() != self.grid.ndim + 2:
             raise ValueError(
                 f"processor 'swin' needs grid tokens [B, M1..M{self.grid.ndim}, D] from a grid encoder; got "
@@ -168,6 +177,22 @@ class SwinProcessor(nn.Module):
             z = z.index_select(1, plan.shifted_to_grid)
             states.append(latent.with_tokens(z.view(tokens.shape)))
         return states
+
+
+def patch_embedding(name: str, grid: Grid, dim: int, patch: int | Sequence[int]) -> tuple[nn.Module, Grid]:
+    """A strided convolution (kernel = stride = ``patch``) pooling non-overlapping patches, and the coarse grid of
+    the patch centres (thesis: patch coarsening; ViT: patch embedding)."""
+    sizes = per_dim(name, "patch", patch, grid.ndim)
+    if min(sizes) < 1:
+        raise ValueError(f"processor {name!r}: patch sizes must be >= 1; got {list(sizes)}.")
+    check_multiple(name, "patch", grid.shape, sizes)
+    for d, (size, p, rolled) in enumerate(zip(grid.shape, sizes, grid.roll, strict=True)):
+        if not rolled and size // p < 2:
+            raise ValueError(
+                f"processor {name!r}: patch {p} leaves {size // p} point along ordinary grid dimension {d} "
+                f"({size} points); a coarse grid needs >= 2 there. Use a patch <= {size // 2}."
+            )
+    return conv_class(name, grid)(dim, dim, kernel_size=sizes, stride=sizes), _coarse_grid(grid, sizes)
 
 
 def _coarse_grid(grid: Grid, patch: Sequence[int]) -> Grid:
@@ -212,21 +237,9 @@ class ViTProcessor(nn.Module):
     ) -> None:
         super().__init__()
         check_layers("vit", layers)
-        self.grid, self.patch, self.embed, self.coarse = grid, None, None, grid
+        self.grid, self.embed, self.coarse = grid, None, grid
         if patch is not None:
-            self.patch = per_dim("vit", "patch", patch, grid.ndim)
-            if min(self.patch) < 1:
-                raise ValueError(f"processor 'vit': patch sizes must be >= 1; got {list(self.patch)}.")
-            check_multiple("vit", "patch", grid.shape, self.patch)
-            for d, (size, p, rolled) in enumerate(zip(grid.shape, self.patch, grid.roll, strict=True)):
-                if not rolled and size // p < 2:
-                    raise ValueError(
-                        f"processor 'vit': patch {p} leaves {size // p} point along ordinary grid dimension {d} "
-                        f"({size} points); a coarse grid needs >= 2 there. Use a patch <= {size // 2}."
-                    )
-            conv = conv_class("vit", grid)
-            self.embed = conv(dim, dim, kernel_size=self.patch, stride=self.patch)
-            self.coarse = _coarse_grid(grid, self.patch)
+            self.embed, self.coarse = patch_embedding("vit", grid, dim, patch)
         self.blocks = nn.ModuleList(SelfAttentionBlock(dim, heads, head_dim, mlp_dim) for _ in range(layers))
         self.num_states = layers
 

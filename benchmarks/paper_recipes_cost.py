@@ -1,0 +1,181 @@
+"""Cost of the gridded TNP paper's recipes (recipes/paper/) on this machine: forward time and training steps/s at
+the recipe's batch size (the paper's 8), on inputs shaped like the recipe's task.
+
+    python benchmarks/paper_recipes_cost.py table4                  # recipes whose name starts with table4
+    python benchmarks/paper_recipes_cost.py table3_cnp table3_vit_pt_16x16 --repeats 2 --threads 2
+
+Inputs per DataModule: ``SyntheticDataModule``: a batch drawn from the recipe's task itself (the 2-D GP tasks);
+``StationReanalysisDataModule``: the coarse grid context of 180 x 360 one-degree block centres (64,800 points),
+``round(share x 9,957)`` station context points at the middle of the recipe's ``context_fraction``, and 9,957
+station targets, at uniformly random points on the sphere; ``MultiSourceDataModule``: per source ``round(share x
+4 x 97 x 237)`` context points at the middle of ``context_fraction`` and ``target_fraction x 4 x 97 x 237``
+targets with every variable, uniform over the recipe's box and the window's four hours. Values are standard normal.
+
+Forward: ``model.eval()`` under ``torch.no_grad()``. Training step: ``model.train()``, the negative mean
+log-likelihood, backward, gradient clipping at the recipe's value and one AdamW step. Each is called ``--warmup``
+times, then ``--repeats`` times; the median wall time is reported with the process CPU time of the same calls (on a
+shared machine the CPU time is the steadier figure). Results: a Markdown table and a CSV (``harness.Report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import harness
+import torch
+import yaml
+
+import gridtnp.data  # noqa: F401  (registers the tasks)
+from gridtnp.batch import Observations
+from gridtnp.models import build_model, count_parameters
+from gridtnp.models.neural_process import NeuralProcess
+from gridtnp.registry import build_from_spec
+
+PAPER = harness.ROOT / "recipes" / "paper"
+TRAINING_KEYS = ("lr", "weight_decay", "warmup_steps", "lr_schedule", "cos_latitude_weighting", "latitude_dim")
+NUM_STATIONS = 9957
+WIND_POINTS = 4 * 97 * 237  # four hours of the 0.25 degree box [25, 49] x [-125, -66]
+
+
+def sphere(b: int, n: int, g: torch.Generator) -> torch.Tensor:
+    """``[B, N, 2]`` (lat, lon) in degrees, uniform on the sphere."""
+    lat = torch.rad2deg(torch.asin(2 * torch.rand(b, n, generator=g) - 1))
+    return torch.stack([lat, 360 * torch.rand(b, n, generator=g) - 180], -1)
+
+
+def observations(x: torch.Tensor, dim_y: int, g: torch.Generator, valid: bool = True) -> Observations:
+    b, n = x.shape[:2]
+    mask = torch.full((b, n), valid, dtype=torch.bool)
+    return Observations(x, torch.randn(b, n, dim_y, generator=g), mask)
+
+
+def workload(config: dict[str, Any], g: torch.Generator) -> tuple[dict[str, Observations], Observations]:
+    """Context and targets shaped like the recipe's task at its batch size."""
+    data, model = config["data"], config["model"]["init_args"]
+    init, kind = data["init_args"], data["class_path"].rsplit(".", 1)[-1]
+    b = int(init.get("batch_size", 8))
+    if kind == "SyntheticDataModule":
+        batch = build_from_spec("task", init["task"]).sample(b, g)
+        return batch.context, batch.target
+    share = sum(init.get("context_fraction", (0.0, 0.3))) / 2
+    if kind == "StationReanalysisDataModule":
+        context = {}
+        if "grid" in model["dim_y"]:
+            lat, lon = torch.meshgrid(torch.arange(-89.5, 90), torch.arange(-179.5, 180), indexing="ij")
+            grid_x = torch.stack([lat, lon], -1).reshape(1, -1, 2).expand(b, -1, -1)
+            context["grid"] = observations(grid_x.contiguous(), 1, g)
+        n_c = round(share * NUM_STATIONS)
+        context["stations"] = observations(sphere(b, max(n_c, 1), g), 1, g, valid=n_c > 0)
+        return context, observations(sphere(b, NUM_STATIONS, g), 1, g)
+    if kind == "MultiSourceDataModule":
+        lat0, lat1, lon0, lon1 = init["region"]
+        low, high = torch.tensor([0.0, lat0, lon0]), torch.tensor([4.0, lat1, lon1])
+
+        def points(n: int) -> torch.Tensor:
+            x = low + (high - low) * torch.rand(b, n, 3, generator=g)
+            return torch.cat([x[..., :1].floor(), x[..., 1:]], -1)
+
+        n_c = round(share * WIND_POINTS)
+        context = {s: observations(points(n_c), 1, g) for s in model["dim_y"]}
+        return context, observations(points(round(init["target_fraction"] * WIND_POINTS)), model["target_dim_y"], g)
+    raise ValueError(f"no workload for {kind}")
+
+
+def timed(fn: Callable[[], None], warmup: int, repeats: int) -> tuple[float, float]:
+    """Median wall milliseconds and median process CPU milliseconds per call."""
+    wall, cpu = [], []
+    for i in range(warmup + repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        if i >= warmup:
+            wall.append(1e3 * (time.perf_counter() - w0))
+            cpu.append(1e3 * (time.process_time() - c0))
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def measure(path: Path, warmup: int, repeats: int) -> dict[str, Any]:
+    config = yaml.safe_load(path.read_text())
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k not in TRAINING_KEYS}
+    torch.manual_seed(0)
+    model: NeuralProcess = build_model(spec)
+    context, target = workload(config, torch.Generator().manual_seed(0))
+    optimiser = torch.optim.AdamW(model.parameters(), lr=float(config["model"]["init_args"].get("lr", 5e-4)))
+    clip = config["trainer"].get("gradient_clip_val")
+
+    def forward() -> None:
+        model.eval()
+        with torch.no_grad():
+            model(context, target.x)
+
+    def step() -> None:
+        model.train()
+        optimiser.zero_grad()
+        loss = -model(context, target.x).log_prob(target.y).sum(-1)[target.mask].mean()
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimiser.step()
+
+    fwd_ms, fwd_cpu = timed(forward, warmup, repeats)
+    step_ms, step_cpu = timed(step, warmup, repeats)
+    return {
+        "recipe": path.name,
+        "params": count_parameters(model),
+        "batch": target.x.shape[0],
+        "forward_ms": fwd_ms,
+        "forward_cpu_ms": fwd_cpu,
+        "steps_per_s": 1e3 / step_ms,
+        "step_cpu_ms": step_cpu,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("prefixes", nargs="+", help="recipe file names (without .yaml) or prefixes, e.g. table4")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls of each of forward and training step")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads; default: torch's choice")
+    parser.add_argument("--out", type=Path, default=harness.RESULTS / "paper_recipes_cost_cpu.md")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    paths = sorted({p for prefix in args.prefixes for p in PAPER.glob(f"{prefix}*.yaml")})
+    if not paths:
+        parser.error(f"no recipe in {PAPER} starts with {args.prefixes}")
+    meta = harness.metadata(argparse.Namespace(**vars(args), bf16=False, compile=False), torch.device("cpu"))
+    meta.pop("memory", None)  # not measured here
+    meta["timing"] = f"median of {args.repeats} calls after {args.warmup} warm-up calls; wall and process CPU time"
+    report = harness.Report("Cost of the paper recipes", meta)
+    for path in paths:
+        row = measure(path, args.warmup, args.repeats)
+        print(row, flush=True)
+        report.add(row)
+
+    def cell(key: str, digits: int = 1) -> Callable[[dict[str, Any]], str]:
+        return lambda r: (
+            f"{r[key]:,}"
+            if isinstance(r[key], int)
+            else (f"{r[key]:,.{digits}f}" if isinstance(r[key], float) and math.isfinite(r[key]) else str(r[key]))
+        )
+
+    columns = {
+        "recipe": cell("recipe"),
+        "params": cell("params"),
+        "B": cell("batch"),
+        "forward ms (wall)": cell("forward_ms"),
+        "forward ms (CPU)": cell("forward_cpu_ms"),
+        "steps/s (wall)": cell("steps_per_s", 3),
+        "step ms (CPU)": cell("step_cpu_ms"),
+    }
+    for out in report.write(args.out, columns):
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
