@@ -182,6 +182,7 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
         ],
     },
     "grid_encoder": {
+        "patch": [model(GRIDDED, grid_encoder={"name": "patch"})],  # 8 x 8 averaged, 2 x 2 patches -> 4 x 4
         "identity": [SET, model(SET, **SOURCES, encoder={"name": "mlp", "layers": 2})],
         "pseudo_token": [
             GRIDDED,
