@@ -4,12 +4,16 @@
 * ``argument_error_line(err, argv)``: jsonargparse's multi-line errors as one line, with the closest valid name.
 * ``find_config_error(err)``: the ``ConfigError`` / ``CheckpointError`` in an exception's chain, if any.
 * ``is_plot_folder(path)``: whether ``gridtnp plot`` may replace ``path``.
+* ``check_trainer_options(config, argv)``, ``infer_monitor_mode(checkpoint)``: trainer / checkpoint values checked
+  (or read as meant) before anything is built; ``command_line_model_keys(argv)``: the ``--model.*`` given.
+* ``environment_error_line(err)``: memory, read-only paths and Lightning's option checks as one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import inspect
 import os
@@ -118,3 +122,119 @@ def find_config_error(err: BaseException | None) -> ConfigError | CheckpointErro
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+#: Metrics where lower is better (the checkpoint monitor keeps the lowest); names starting "loglik" are higher-better.
+LOWER_IS_BETTER = ("rmse", "mae", "crps", "loss", "mean_z2")
+
+
+def infer_monitor_mode(checkpoint: Any) -> None:
+    """Set ``--checkpoint.mode`` from the monitored metric: ``min`` for rmse / mae / crps / loss, ``max`` for loglik.
+
+    gridtnp's default mode (``max``, for ``val/loglik``) would keep the worst model of a lower-is-better metric; a
+    ``min`` asked for a log-likelihood is refused.
+    """
+    monitor = checkpoint.get("monitor") if checkpoint else None
+    if not monitor:
+        return
+    name = str(monitor).rsplit("/", 1)[-1]
+    lower = name.startswith(LOWER_IS_BETTER) or "_rmse" in name or name.endswith("loss")
+    mode = checkpoint.get("mode")
+    if lower and mode != "min":
+        checkpoint["mode"] = "min"
+        print(f"gridtnp: --checkpoint.monitor {monitor}: keeping the lowest (mode min)", flush=True)
+    elif name.startswith("loglik") and mode == "min":
+        raise ConfigError(
+            f"--checkpoint.mode min with --checkpoint.monitor {monitor} would keep the worst model (a log-likelihood "
+            "is higher when better); use mode max."
+        )
+
+
+def check_trainer_options(config: Any, argv: list[str]) -> None:
+    """Trainer, seed and checkpoint values that Lightning rejects with a traceback (or reads otherwise than meant)."""
+    trainer = config.get("trainer") or {}
+    max_steps = trainer.get("max_steps")
+    if max_steps is not None and max_steps < -1:
+        raise ConfigError(f"--trainer.max_steps must be >= 0, or -1 for no limit; got {max_steps}.")
+    max_time = trainer.get("max_time")
+    if isinstance(max_time, str) and not re.fullmatch(r"\d+:\d{1,2}:\d{1,2}:\d{1,2}", max_time.strip()):
+        raise ConfigError(
+            f"--trainer.max_time {max_time!r}: expected days:hours:minutes:seconds, e.g. 00:12:00:00 for 12 hours "
+            "(or a number of seconds in a recipe: {seconds: 30})."
+        )
+    if trainer.get("enable_checkpointing") is False and config.get("subcommand", "fit") in ("fit", None):
+        raise ConfigError(
+            "--trainer.enable_checkpointing false: gridtnp fit always writes last.ckpt (to resume and to test from); "
+            "write it less often with --checkpoint.last_every_n_steps, or keep no best with --checkpoint.save_top_k 0."
+        )
+    precision = str(trainer.get("precision"))
+    if precision in ("64", "64-true", "double"):
+        raise ConfigError(
+            f"--trainer.precision {precision}: gridtnp's data and models run in 32-bit (or bf16-mixed / 16-mixed); "
+            "use 32-true."
+        )
+    seed = config.get("seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
+        raise ConfigError(f"--seed_everything must be between 0 and {2**32 - 1}; got {seed}.")
+    for option in ("limit_val_batches", "limit_train_batches", "limit_test_batches", "limit_predict_batches"):
+        given = _command_line_value(argv, f"--trainer.{option}")
+        if given is not None and re.fullmatch(r"\d+", given.strip()) and trainer.get(option) != int(given):
+            trainer[option] = int(given)  # "1" is one batch, not the float 1.0 (100 %)
+    dirpath = (config.get("checkpoint") or {}).get("dirpath")
+    if dirpath and Path(dirpath).exists() and not Path(dirpath).is_dir():
+        raise ConfigError(f"--checkpoint.dirpath {dirpath} is a file, not a folder; choose a folder.")
+
+
+def _command_line_value(argv: list[str], option: str) -> str | None:
+    """The last value given to ``option`` on the command line (``--opt v`` or ``--opt=v``), or None."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(option + "="):
+            value = token.split("=", 1)[1]
+    return value
+
+
+def command_line_model_keys(argv: list[str]) -> list[str]:
+    """The model arguments given on the command line (``--model.init_args.lr 1e-3`` or ``--model.lr=1e-3``)."""
+    keys = []
+    for token in argv:
+        if token.startswith("--model."):
+            key = token.removeprefix("--model.").split("=", 1)[0].removeprefix("init_args.").split(".")[0]
+            if key and key not in ("class_path", "init_args", "dict_kwargs"):
+                keys.append(key)
+    return list(dict.fromkeys(keys))
+
+
+def environment_error_line(err: BaseException) -> str | None:
+    """One line for errors that are facts of the machine or of Lightning's option checks, not gridtnp bugs: memory,
+    read-only or missing paths, Lightning's misconfiguration errors. None for anything else."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    out_of_memory = isinstance(err, MemoryError | torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+    )
+    if out_of_memory:
+        return (
+            f"out of memory ({text[:160] or 'MemoryError'}): the batch or prediction grid is too large for this "
+            "machine; use a smaller --data.init_args.batch_size or fewer target points."
+        )
+    if isinstance(err, PermissionError | IsADirectoryError | NotADirectoryError | FileExistsError) or (
+        isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.ENOSPC)
+    ):
+        where = f" {err.filename}" if getattr(err, "filename", None) else ""
+        return f"cannot write{where}: {err.strerror or text}. Choose a writable path."
+    if isinstance(err, MisconfigurationException) or (isinstance(err, ValueError) and _raised_by_lightning(err)):
+        return f"{text} (Lightning)"
+    return None
+
+
+def _raised_by_lightning(err: BaseException) -> bool:
+    tb = err.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and f"{os.sep}lightning{os.sep}" in last
