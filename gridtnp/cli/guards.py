@@ -79,6 +79,15 @@ def is_plot_folder(path: Path) -> bool:
 def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
     """One line from jsonargparse's multi-line error: what was wrong, where, and the closest valid name."""
     text = str(err)
+    config = _recipe_argument(argv)
+    if text.startswith("Problems parsing config"):
+        where = re.search(r"line (\d+), column (\d+)", text)
+        detail = " ".join(line.strip() for line in text.splitlines()[1:] if "<unicode string>" not in line)
+        place = f" at line {where[1]}, column {where[2]}" if where else ""
+        tabs = " (YAML indents with spaces, not tabs)" if "\t" in _read(config) else ""
+        return f"--config {config}: not valid YAML{place}: {detail or text.splitlines()[0]}{tabs}."
+    if text.strip() == "Unexpected config:":
+        return f"--config {config}: the recipe is empty (or not a YAML mapping); expected model:, data:, trainer: ..."
     option = re.search(r"class_path '([\w.]+)':\s+Option '([\w.]+)' is not accepted", text)
     if option:
         path, name = option.groups()
@@ -111,6 +120,20 @@ def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
         last = re.sub(r'Parser key "[\w.]+":\s*', "", details[-1])
         return f"--{path}: {'; '.join(reasons[:3]) or last}"
     return text.splitlines()[0]
+
+
+def _recipe_argument(argv: list[str]) -> str:
+    """The last ``--config`` file on the command line (the one a parse error is most likely in)."""
+    files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    files += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    return files[-1] if files else "(recipe)"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def find_config_error(err: BaseException | None) -> ConfigError | CheckpointError | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import json
 import os
 import signal
@@ -37,8 +38,9 @@ from gridtnp.cli.guards import (
     infer_monitor_mode,
     is_plot_folder,
 )
-from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party
+from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party, versioned_path
 from gridtnp.files import check_output, is_url
+from gridtnp.redaction import redact
 from gridtnp.registry import KINDS, ConfigError, available, describe, document
 from gridtnp.training.checkpointing import (
     LOGGER_VERSION,
@@ -153,7 +155,15 @@ class GridTNPCLI(LightningCLI):
         logger = self.trainer.logger
         if version is not None and isinstance(logger, TensorBoardLogger) and logger.version != version:
             # Continue the run's TensorBoard folder instead of starting version_N+1 (one continuous curve).
-            self.trainer.loggers = [TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version)]
+            self.trainer.loggers = [
+                redacting(TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version))
+            ]
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        for logger in trainer.loggers:
+            redacting(logger)
+        return trainer
 
     def before_instantiate_classes(self) -> None:
         """Trainer and checkpoint values Lightning would reject with a traceback (or take silently): one line."""
@@ -264,17 +274,32 @@ class GridTNPCLI(LightningCLI):
         if not self.trainer.is_global_zero or not metrics:
             return
         path = metrics_path(self.trainer.ckpt_path, self.trainer.log_dir or self.trainer.default_root_dir, "test")
-        configs = self.config[self.subcommand].get("config") or []
+        config = self.config[self.subcommand]
+        configs = config.get("config") or []
+        settings = self.parser.dump(redact(config), skip_none=False)
         record = {
             "split": "test",
             "checkpoint": None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path),
             "config": [str(c) for c in configs],
+            "settings_digest": hashlib.sha256(settings.encode()).hexdigest()[:16],
             "metrics": metrics,
         }
+        path = versioned_path(path, record["settings_digest"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(format_metrics(metrics, "test"))
         print(f"gridtnp: test metrics written to {path}")
+
+
+def redacting(logger: Any) -> Any:
+    """``logger`` with credentials replaced in the hyper-parameters it records (``hparams.yaml``)."""
+    log_hyperparams = logger.log_hyperparams
+
+    def log_redacted(params: Any, *args: Any, **kwargs: Any) -> Any:
+        return log_hyperparams(redact(params), *args, **kwargs)
+
+    logger.log_hyperparams = log_redacted
+    return logger
 
 
 def trainer_defaults() -> dict[str, Any]:
@@ -469,4 +494,3 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"gridtnp: error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
-
