@@ -80,6 +80,62 @@ def truncated_copy(path: Path, of: Path) -> Path:
     return path
 
 
+def grid_file(
+    path: Path,
+    units: str = "K",
+    lon: list[float] | None = None,
+    start: str = "2020-01-01",
+    dims: tuple[str, ...] = ("time", "latitude", "longitude"),
+    extra: dict | None = None,
+    time: list | None = None,
+    lat: list[float] | None = None,
+) -> Path:
+    """A tiny gridded NetCDF file: 2 times x 2 latitudes x the given longitudes, ``t2m`` in ``units``."""
+    lon = [0.0, 1.0, 2.0] if lon is None else lon
+    lat = [50.0, 51.0] if lat is None else lat
+    time = list(np.datetime64(start) + np.arange(2) * np.timedelta64(1, "h")) if time is None else time
+    sizes = {"time": len(time), "latitude": len(lat), "longitude": len(lon), **(extra or {})}
+    values = np.arange(np.prod([sizes[d] for d in dims]), dtype=np.float32).reshape([sizes[d] for d in dims])
+    coords = {"time": time, "latitude": lat, "longitude": lon, **{k: np.arange(v) for k, v in (extra or {}).items()}}
+    xr.Dataset({"t2m": (dims, values + 280.0, {"units": units})}, coords=coords).to_netcdf(path)
+    return path
+
+
+def foreign_checkpoint(path: Path, unsafe: bool = False) -> Path:
+    """A torch file gridtnp did not write: plain values, or (``unsafe``) a pickled Python object."""
+    import argparse
+
+    torch_save = __import__("torch").save
+    torch_save({"weights": [1.0]} if not unsafe else {"state_dict": {}, "obj": argparse.Namespace(a=1)}, path)
+    return path
+
+
+def copy_of(path: Path, of: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(of.read_bytes())
+    return path
+
+
+def locked(directory: Path) -> Path:
+    """A checkpoint folder whose lock is held by a live process (this test's parent)."""
+    import os
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / ".gridtnp.lock").write_text(f"{os.getppid()} {__import__('socket').gethostname()}")
+    return directory
+
+
+def recipe_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def eval_args(command: str, ck: Path | None, tmp: Path, *extra: str) -> list[str]:
+    ckpt = ["--ckpt_path", str(ck)] if ck is not None else []
+    return [command, "--config", CNP, *ckpt, *QUIET, *SMALL_DATA, "--trainer.default_root_dir", str(tmp / "run"),
+            *extra]  # fmt: skip
+
+
 # (id, arguments given the fixture paths, what the one error line says, the path that must not change)
 Case = tuple[str, Callable[[Path, Path], list[str]], str, Callable[[Path, Path], Path | None]]
 
@@ -308,6 +364,225 @@ CASES: list[Case] = [
         lambda ck, t: ["data", "prepare", str(t / "a.nc"), "--overwrite", "--out", str(prediction_store(t / "p.zarr"))],
         "did not write",
         lambda ck, t: t / "p.zarr",
+    ),
+    (
+        "prepare inputs holding one variable in different units",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", "K")),
+            str(grid_file(t / "b.nc", "degC", start="2020-01-02")),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "variable 't2m' is in 'K' in",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare a 0-360 box across the date line",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", lon=[178.0, 179.0, 180.0, 181.0, 182.0])),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "the longitudes cross the date line",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare a variable with two extra dimensions",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(
+                grid_file(
+                    t / "a.nc",
+                    dims=("time", "number", "level", "latitude", "longitude"),
+                    extra={"number": 2, "level": 2},
+                )
+            ),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "has 2 dimensions besides time, latitude and longitude (number, level)",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare with a missing (NaT) time",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", time=[np.datetime64("2020-01-01"), np.datetime64("NaT")])),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "time value(s) are missing (NaT)",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare with a missing (NaN) latitude",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", lat=[50.0, float("nan")])),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "latitude has missing (NaN) values",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare onto an existing file with --overwrite",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc")),
+            "--overwrite",
+            "--out",
+            str(text_file(t / "notes.zarr")),
+        ],
+        "exists and is not a Zarr store",
+        lambda ck, t: t / "notes.zarr",
+    ),
+    (
+        "test --ckpt_path last with no checkpoint anywhere",
+        lambda ck, t: eval_args("test", None, t, "--ckpt_path", "last", "--checkpoint.dirpath", str(t / "none")),
+        "(--ckpt_path last found no checkpoint)",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "validate without a checkpoint",
+        lambda ck, t: eval_args("validate", None, t),
+        "gridtnp validate needs --ckpt_path",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "test with --ckpt_path hpc",
+        lambda ck, t: eval_args("test", None, t, "--ckpt_path", "hpc"),
+        "--ckpt_path hpc only resumes `gridtnp fit`",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a log-likelihood monitored with mode min",
+        lambda ck, t: fit_args(t, "--checkpoint.mode", "min"),
+        "would keep the worst model",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a checkpoint filename leading outside its folder",
+        lambda ck, t: fit_args(
+            t, "--checkpoint.filename", "../../escaped-{step}", "--checkpoint.dirpath", str(t / "ckpt")
+        ),
+        "leads outside the checkpoint directory",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a checkpoint folder that is a file",
+        lambda ck, t: fit_args(t, "--checkpoint.dirpath", str(text_file(t / "ckfile"))),
+        "is a file, not a folder",
+        lambda ck, t: t / "ckfile",
+    ),
+    (
+        "max_time in Lightning's short format",
+        lambda ck, t: fit_args(t, "--trainer.max_time", "00:00:08"),
+        "expected days:hours:minutes:seconds",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "checkpointing turned off",
+        lambda ck, t: fit_args(t, "--trainer.enable_checkpointing", "false"),
+        "gridtnp fit always writes last.ckpt",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "64-bit precision",
+        lambda ck, t: fit_args(t, "--trainer.precision", "64-true"),
+        "use 32-true",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a seed out of range",
+        lambda ck, t: fit_args(t, "--seed_everything", str(2**40)),
+        "is not in bounds",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "last.ckpt every 0 steps",
+        lambda ck, t: fit_args(t, "--checkpoint.last_every_n_steps", "0"),
+        "--checkpoint.last_every_n_steps must be >= 1",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a validation interval beyond the epoch",
+        lambda ck, t: fit_args(
+            t, "--trainer.val_check_interval", "100000", "--trainer.max_steps", "1", "--plots.every_n_validations", "0"
+        ),
+        "`val_check_interval` (100000) must be less than or equal to the number of the training batches",
+        lambda ck, t: None,
+    ),
+    (
+        "a resume whose recipe changed the model",
+        lambda ck, t: [
+            "fit",
+            "--config",
+            TNP,
+            *QUIET,
+            "--trainer.default_root_dir",
+            str(t / "run"),
+            "--checkpoint.dirpath",
+            str(copy_of(t / "ckpt" / "last.ckpt", ck).parent),
+        ],
+        "holds a different model than the recipe",
+        lambda ck, t: t / "ckpt",
+    ),
+    (
+        "an unsafe pickle as --ckpt_path",
+        lambda ck, t: eval_args("test", foreign_checkpoint(t / "evil.ckpt", unsafe=True), t),
+        "not loadable safely",
+        lambda ck, t: t / "evil.ckpt",
+    ),
+    (
+        "a foreign file as --ckpt_path",
+        lambda ck, t: eval_args("test", foreign_checkpoint(t / "other.ckpt"), t),
+        "not a training checkpoint",
+        lambda ck, t: t / "other.ckpt",
+    ),
+    (
+        "a checkpoint folder in use by a live run",
+        lambda ck, t: fit_args(t, "--checkpoint.dirpath", str(locked(t / "busy"))),
+        "is in use by a running gridtnp fit",
+        lambda ck, t: t / "busy",
+    ),
+    (
+        "a recipe indented with tabs",
+        lambda ck, t: ["fit", "--config", str(recipe_text(t / "tabs.yaml", "model:\n\tclass_path: x\n"))],
+        "not valid YAML at line 2, column 1",
+        lambda ck, t: None,
+    ),
+    (
+        "an empty recipe",
+        lambda ck, t: ["fit", "--config", str(recipe_text(t / "empty.yaml", ""))],
+        "the recipe is empty",
+        lambda ck, t: None,
+    ),
+    (
+        "a loss that turns NaN",
+        lambda ck, t: fit_args(
+            t,
+            "--model.init_args.lr",
+            "1000",
+            "--trainer.max_steps",
+            "60",
+            "--trainer.limit_val_batches",
+            "0",
+            "--plots.every_n_validations",
+            "0",
+            "--checkpoint.dirpath",
+            str(t / "ckpt"),
+        ),
+        "at step",
+        lambda ck, t: None,
     ),
     (
         "prepare latitudes beyond the poles",

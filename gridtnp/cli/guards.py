@@ -196,9 +196,6 @@ def check_trainer_options(config: Any, argv: list[str]) -> None:
             f"--trainer.precision {precision}: gridtnp's data and models run in 32-bit (or bf16-mixed / 16-mixed); "
             "use 32-true."
         )
-    seed = config.get("seed_everything")
-    if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
-        raise ConfigError(f"--seed_everything must be between 0 and {2**32 - 1}; got {seed}.")
     for option in ("limit_val_batches", "limit_train_batches", "limit_test_batches", "limit_predict_batches"):
         given = _command_line_value(argv, f"--trainer.{option}")
         if given is not None and re.fullmatch(r"\d+", given.strip()) and trainer.get(option) != int(given):

@@ -147,7 +147,7 @@ class GridTNPCLI(LightningCLI):
             print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
         if ckpt_path not in (None, "last") and os.path.isfile(ckpt_path):
             # Before anything is written (config.yaml, logs): a recipe that changed the network is one line.
-            check_checkpoint_model(ckpt_path, config.get("model"))
+            check_checkpoint_model(ckpt_path, self.config[self.subcommand].get("model"))
         config["ckpt_path"] = ckpt_path
         if rank_zero:
             self.locks = [lock_directory(d) for d in explicit_dirs]

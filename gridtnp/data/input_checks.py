@@ -1,8 +1,10 @@
 """Checks on ``gridtnp data prepare``'s inputs that would otherwise give a wrong store without a word.
 
-* ``check_part(ds, source)``: one normalised input (``gridtnp.data.layout.normalise``): no missing (NaT / NaN)
-  coordinate, a longitude axis without a jump (a 0-360 box across the date line), at most one dimension besides
-  ``time, latitude, longitude``, and each variable transposed to ``[time, ..., latitude, longitude]``.
+* ``normalise_checked(ds, source)``: ``check_coordinates`` (no NaT time, no NaN latitude or longitude), then
+  ``gridtnp.data.layout.normalise``, then ``check_part``.
+* ``check_part(ds, source)``: one normalised input: a longitude axis without a jump (a 0-360 box across the date
+  line), at most one dimension besides ``time, latitude, longitude``, and each variable transposed to
+  ``[time, ..., latitude, longitude]``.
 * ``check_units(parts, paths)``: a variable held by several inputs has the same ``units`` in each.
 * ``check_writable(path, option)``: the output's folder can be written.
 """
@@ -17,18 +19,34 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.layout import DIMS, DataError
+from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, normalise
+
+
+def normalise_checked(ds: xr.Dataset, source: str) -> xr.Dataset:
+    """``normalise(ds)`` with the checks of ``check_coordinates`` before and ``check_part`` after it."""
+    return check_part(normalise(check_coordinates(ds, source), source), source)
+
+
+def check_coordinates(ds: xr.Dataset, source: str) -> xr.Dataset:
+    """Refuse missing values (NaT times, NaN latitudes or longitudes) in ``ds``'s coordinates, as stored."""
+    for canonical, aliases in COORD_ALIASES.items():
+        for name in ds.variables:
+            if str(name).lower() not in aliases:
+                continue
+            values = np.atleast_1d(ds[name].values)
+            if np.issubdtype(values.dtype, np.datetime64):
+                missing = int(np.isnat(values).sum())
+                if missing:
+                    raise DataError(
+                        f"{source}: {missing} {name} value(s) are missing (NaT); expected every time step dated."
+                    )
+            elif np.issubdtype(values.dtype, np.number) and not np.isfinite(values).all():
+                raise DataError(f"{source}: {canonical} has missing (NaN) values; expected every {canonical} given.")
+    return ds
 
 
 def check_part(ds: xr.Dataset, source: str) -> xr.Dataset:
     """``ds`` with every variable in the documented dimension order; a ``DataError`` for what cannot be used."""
-    time = ds["time"].values
-    if np.isnat(time).any():
-        raise DataError(f"{source}: {int(np.isnat(time).sum())} time value(s) are missing (NaT); expected every time.")
-    for dim in ("latitude", "longitude"):
-        values = ds[dim].values.astype(np.float64)
-        if not np.isfinite(values).all():
-            raise DataError(f"{source}: {dim} has missing (NaN) values; expected every {dim} given.")
     _check_longitudes(ds["longitude"].values.astype(np.float64), source)
     order = {}
     for name, var in ds.data_vars.items():

@@ -36,7 +36,7 @@ import dask
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.input_checks import check_part, check_units, check_writable
+from gridtnp.data.input_checks import check_units, check_writable, normalise_checked
 from gridtnp.data.inventory import CHUNKS_ATTR, inventory
 from gridtnp.data.layout import (
     DIMS,
@@ -45,7 +45,6 @@ from gridtnp.data.layout import (
     DataError,
     coverage,
     iso,
-    normalise,
     select_time,
 )
 from gridtnp.files import is_url, remove_path, replacing
@@ -91,7 +90,7 @@ def open_sources(
         parts = []
         for path in paths:
             opened.append(open_source(path))
-            part = check_part(normalise(opened[-1], str(path)), str(path))
+            part = normalise_checked(opened[-1], str(path))
             parts.append(part.chunk({dim: (time_chunk if dim == "time" else -1) for dim in part.dims}))
         check_units(parts, paths)
         ds = parts[0] if len(parts) == 1 else _combine(parts, paths)
