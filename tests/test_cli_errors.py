@@ -641,3 +641,210 @@ def test_untrained_on_purpose_and_the_top_level_help(tmp_path, capsys):
         assert f"\n  {sub} " in out
     main(["--version"])
     assert capsys.readouterr().out.startswith("gridtnp 0.1.0")
+
+
+# --- the predict API: context mistakes are one ConfigError each ------------------------------------------------------
+
+
+def station_module():
+    from gridtnp import NeuralProcessModule
+
+    return NeuralProcessModule(
+        dim_x=2, dim_y={"grid": 1, "stations": 1}, target_source="stations", dim=8,
+        encoder={"name": "mlp"}, grid_encoder={"name": "identity"}, processor={"name": "transformer", "layers": 1},
+        grid_decoder={"name": "cross_attention"}, likelihood={"name": "gaussian"},
+    )  # fmt: skip
+
+
+def hourly(hours: list[int], grid: bool) -> xr.DataArray:
+    """Normalised values at ``hours`` of 2019-03-01: a 2 x 3 grid, or 4 stations."""
+    time = np.datetime64("2019-03-01T00") + np.array(hours) * np.timedelta64(1, "h")
+    rng = np.random.default_rng(len(hours) + 10 * grid)
+    if grid:
+        return xr.DataArray(
+            rng.standard_normal((len(hours), 2, 3)), dims=("time", "latitude", "longitude"),
+            coords={"time": time, "latitude": [50.0, 51.0], "longitude": [0.0, 1.0, 2.0]},
+        )  # fmt: skip
+    return xr.DataArray(
+        rng.standard_normal((len(hours), 4)), dims=("time", "station"),
+        coords={"time": time, "latitude": ("station", [50.2, 50.5, 50.7, 50.9]),
+                "longitude": ("station", [0.1, 0.6, 1.2, 1.8])},
+    )  # fmt: skip
+
+
+TARGETS = xr.Dataset(coords={"latitude": [50.0, 50.5, 51.0], "longitude": [0.0, 1.0]})
+
+# (id, keyword arguments of predict besides the module, what the ConfigError says)
+API_CASES = [
+    ("a misspelt source", lambda: {"context": {"gird": hourly([1], True).isel(time=0),
+                                               "stations": hourly([1], False).isel(time=0)}},
+     "context source 'gird' is not one of the model's sources ['grid', 'stations'] (did you mean 'grid'?)"),
+    ("a model source missing", lambda: {"context": {"grid": hourly([1], True).isel(time=0)}},
+     "the context lacks the model's source(s) ['stations']"),
+    ("a batch_dim the context lacks", lambda: {"context": {"grid": hourly([1], True).isel(time=0),
+                                                           "stations": hourly([1], False)}, "batch_dim": "time"},
+     "context 'grid' has no dimension 'time' (batch_dim)"),
+    ("an extra time dimension without batch_dim", lambda: {"context": {"grid": hourly([1, 2], True),
+                                                                       "stations": hourly([1, 2], False)}},
+     "pass batch_dim='time' for one task per time"),
+    ("sources with different time lengths", lambda: {"context": {"grid": hourly([1, 2, 3], True),
+                                                                 "stations": hourly([1, 2], False)},
+                                                     "batch_dim": "time"},
+     "'stations' has 2 entries along 'time' and 'grid' 3"),
+    ("sources at other hours", lambda: {"context": {"grid": hourly([11, 12, 13], True),
+                                                    "stations": hourly([20, 21, 22], False)}, "batch_dim": "time"},
+     "context 'stations' covers other time values than 'grid'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
+def test_a_predict_api_mistake_is_one_config_error(kwargs, message):
+    from gridtnp.predictions import predict
+    from gridtnp.registry import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        predict(station_module(), targets=TARGETS, **kwargs())
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_predict_api_pairs_sources_by_time_and_reads_times_in_utc():
+    import pandas as pd
+
+    from gridtnp.predictions import predict, utc_times
+    from gridtnp.registry import ConfigError
+
+    module = station_module()
+    grid, stations = hourly([11, 12, 13], True), hourly([11, 12, 13], False)
+    ordered = predict(module, {"grid": grid, "stations": stations}, TARGETS, batch_dim="time")
+    shuffled = predict(module, {"grid": grid.isel(time=[2, 1, 0]), "stations": stations}, TARGETS, batch_dim="time")
+    np.testing.assert_allclose(shuffled["mean"].values, ordered["mean"].values, atol=1e-4)  # paired by time
+    berlin = pd.Timestamp("2019-03-01 12:00", tz="Europe/Berlin")
+    assert list(utc_times(berlin, "t").hour) == [11]
+    assert list(utc_times(pd.date_range(berlin, periods=2, freq="h"), "t").hour) == [11, 12]
+    cftime = pytest.importorskip("cftime")
+    with pytest.raises(ConfigError, match="is a cftime date"):
+        utc_times(np.array([cftime.DatetimeNoLeap(2019, 3, 1, 12)], dtype=object), "t")
+    # Targets given as a Dataset whose first variable is a scalar: located by the gridded variable after it.
+    targets = TARGETS.assign(note=1.0, field=(("latitude", "longitude"), np.zeros((3, 2))))
+    out = predict(module, {"grid": grid.isel(time=0), "stations": stations.isel(time=0)}, targets)
+    assert out["mean"].shape == (3, 2)
+
+
+# --- what is converted, kept or versioned rather than refused ---------------------------------------------------------
+
+
+def test_prepare_transposes_variables_to_the_layout(tmp_path):
+    src = grid_file(tmp_path / "a.nc", dims=("latitude", "longitude", "time"))
+    main(["data", "prepare", str(src), "--out", str(tmp_path / "s.zarr"), "--quiet"])
+    with xr.open_zarr(tmp_path / "s.zarr") as ds, xr.open_dataset(src) as raw:
+        assert ds["t2m"].dims == ("time", "latitude", "longitude")
+        np.testing.assert_array_equal(ds["t2m"].values, raw["t2m"].transpose("time", ...).values)
+
+
+def test_monitor_mode_follows_the_metric_and_limits_stay_counts(capsys):
+    from gridtnp.cli.guards import check_trainer_options, infer_monitor_mode
+
+    for monitor, mode in (("val/rmse", "min"), ("val/crps_physical", "min"), ("val/mae", "min"), ("val/loglik", "max")):
+        checkpoint = {"monitor": monitor, "mode": "max"}
+        infer_monitor_mode(checkpoint)
+        assert checkpoint["mode"] == mode
+    assert "keeping the lowest (mode min)" in capsys.readouterr().out
+    config = {"trainer": {"limit_val_batches": 1.0}}
+    check_trainer_options(config, ["fit", "--trainer.limit_val_batches", "1"])
+    assert config["trainer"]["limit_val_batches"] == 1 and isinstance(config["trainer"]["limit_val_batches"], int)
+
+
+def test_progress_lines_name_each_step_once_with_gradient_accumulation(capsys):
+    from types import SimpleNamespace
+
+    from gridtnp.cli.reports import ProgressLog
+
+    log = ProgressLog(every_n_steps=1)
+    trainer = SimpleNamespace(progress_bar_callback=None, is_global_zero=True, callback_metrics={}, max_steps=2)
+    for step in (0, 0, 0, 1, 1, 1, 2, 2, 2):  # three accumulated batches per optimiser step
+        trainer.global_step = step
+        log.on_train_batch_end(trainer, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in lines] == ["gridtnp: step 1/2", "gridtnp: step 2/2"]
+
+
+def test_credentials_never_reach_an_output():
+    from gridtnp.redaction import REDACTED, redact, redact_text
+    from gridtnp.training.checkpointing import Checkpoint
+
+    hparams = {"store": "gs://bucket/era5.zarr", "storage_options": {"token": "s3cr3t", "project": "p"},
+               "api_key": "abc", "self_key": True, "dim": 8}  # fmt: skip
+    clean = redact(hparams)
+    assert clean["storage_options"] == {"token": REDACTED, "project": REDACTED} and clean["api_key"] == REDACTED
+    assert clean["self_key"] is True and clean["dim"] == 8 and hparams["storage_options"]["token"] == "s3cr3t"
+    text = "data:\n  init_args:\n    storage_options:\n      token: s3cr3t\n"
+    assert "s3cr3t" not in redact_text(text) and redact_text("a: 1  # kept\n") == "a: 1  # kept\n"
+    checkpoint = {"hyper_parameters": {"dim": 8}, "datamodule_hyper_parameters": dict(hparams)}
+    trainer = type("T", (), {"logger": None, "world_size": 1})()
+    Checkpoint().on_save_checkpoint(trainer, None, checkpoint)
+    assert "s3cr3t" not in repr(checkpoint) and hparams["storage_options"]["token"] == "s3cr3t"
+
+
+def test_checkpoint_paths_stay_in_their_folder_and_foreign_files_are_skipped(cnp_checkpoint, tmp_path):
+    import os
+
+    import torch
+
+    from gridtnp.training.checkpointing import CheckpointError, best_checkpoint, resume_checkpoint
+
+    run = tmp_path / "ckpt"
+    last = copy_of(run / "last.ckpt", cnp_checkpoint)
+    outside = copy_of(tmp_path / "elsewhere" / "best.ckpt", cnp_checkpoint)
+    state = torch.load(last, weights_only=False)
+    state["callbacks"] = {"Checkpoint": {"best_model_path": str(outside), "monitor": "val/loglik",
+                                         "best_model_score": torch.tensor(1.0)}}  # fmt: skip
+    torch.save(state, last)
+    with pytest.raises(CheckpointError, match="which is gone"):  # not the file outside the folder
+        best_checkpoint(run)
+    copy_of(run / "best.ckpt", cnp_checkpoint)
+    os.utime(last)  # last.ckpt stays the newest file, the one whose record is read
+    assert best_checkpoint(run)[0] == run / "best.ckpt"
+    foreign_checkpoint(run / "zz-newer.ckpt")
+    (run / "best.ckpt").unlink()
+    with pytest.warns(UserWarning, match="not a training checkpoint"):
+        assert resume_checkpoint(None, [run], None) == last
+
+
+def test_a_resume_applies_the_new_learning_rate_and_takes_over_a_stale_lock(cnp_checkpoint, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    run = tmp_path / "ckpt"
+    copy_of(run / "last.ckpt", cnp_checkpoint)
+    (run / "config.yaml").write_text("kept: true\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run / ".gridtnp.lock").write_text(f"{dead.pid} {os.uname().nodename}")
+    main(["fit", "--config", CNP, *QUIET, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+          "--plots.every_n_validations", "0", "--checkpoint.dirpath", str(run), "--model.init_args.lr", "0.002",
+          "--trainer.default_root_dir", str(tmp_path / "root")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"from process {dead.pid}, which is no longer running" in out
+    assert "resumed with the recipe's learning rate 0.002" in out
+    state = torch.load(run / "last.ckpt", weights_only=False)
+    assert state["global_step"] == 2 and state["optimizer_states"][0]["param_groups"][0]["lr"] == 0.002
+    assert "lr: 0.002" in (run / "config.yaml").read_text() and not (run / ".gridtnp.lock").exists()
+
+
+def test_test_time_model_options_apply_and_metrics_are_versioned(cnp_checkpoint, tmp_path):
+    from gridtnp.cli import GridTNPCLI
+
+    ckpt = copy_of(tmp_path / "ckpt" / "last.ckpt", cnp_checkpoint)
+    args = eval_args("test", ckpt, tmp_path)
+    weighted = GridTNPCLI(args=[*args, "--model.init_args.cos_latitude_weighting", "true"])
+    assert weighted.model.latitude_dim == 0  # the checkpoint's hyper-parameters did not undo the option
+    GridTNPCLI(args=args)
+    GridTNPCLI(args=args)  # the same settings again: replaces its own file
+    assert sorted(p.name for p in ckpt.parent.glob("*.json")) == ["last.test_metrics.1.json", "last.test_metrics.json"]
+
+
+def test_the_table_holds_every_case():
+    assert len(CASES) + len(API_CASES) >= 60

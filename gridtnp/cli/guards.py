@@ -198,7 +198,7 @@ def check_trainer_options(config: Any, argv: list[str]) -> None:
         )
     for option in ("limit_val_batches", "limit_train_batches", "limit_test_batches", "limit_predict_batches"):
         given = _command_line_value(argv, f"--trainer.{option}")
-        if given is not None and re.fullmatch(r"\d+", given.strip()) and trainer.get(option) != int(given):
+        if given is not None and re.fullmatch(r"\d+", given.strip()):
             trainer[option] = int(given)  # "1" is one batch, not the float 1.0 (100 %)
     dirpath = (config.get("checkpoint") or {}).get("dirpath")
     if dirpath and Path(dirpath).exists() and not Path(dirpath).is_dir():

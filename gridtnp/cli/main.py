@@ -276,7 +276,7 @@ class GridTNPCLI(LightningCLI):
         path = metrics_path(self.trainer.ckpt_path, self.trainer.log_dir or self.trainer.default_root_dir, "test")
         config = self.config[self.subcommand]
         configs = config.get("config") or []
-        settings = self.parser.dump(redact(config), skip_none=False)
+        settings = json.dumps(redact(config.as_dict()), sort_keys=True, default=str)
         record = {
             "split": "test",
             "checkpoint": None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path),
