@@ -21,7 +21,7 @@ from gridtnp.metrics import (
     evaluation_metrics,
     point_weights,
 )
-from gridtnp.models.neural_process import build_model, count_parameters, expand_spec
+from gridtnp.models.neural_process import TARGET_CHUNK, build_model, count_parameters, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 from gridtnp.training.compiling import CompiledModel
@@ -378,8 +378,12 @@ class NeuralProcessModule(L.LightningModule):
         extras (e.g. ``hour``), on the CPU, for ``gridtnp.predictions.PredictionWriter``."""
         if batch_idx == 0:
             self.model.warn_outside_grid(batch.context, batch.target)
-        dist = self.calibrate(self(batch))
         target = batch.target
+        chunk = max(1, TARGET_CHUNK // max(batch.batch_size, 1))
+        if target.x.shape[1] > chunk and self.compiled is None:  # bounded memory however many targets
+            dist = self.calibrate(self.model.forward_chunked(batch.context, target.x, chunk))
+        else:
+            dist = self.calibrate(self(batch))
         out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 

@@ -33,6 +33,7 @@ from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
 from gridtnp.data.stations import snap_to_grid
 from gridtnp.files import check_output, replacing
+from gridtnp.models.neural_process import TARGET_CHUNK
 from gridtnp.redaction import redact_text
 from gridtnp.registry import ConfigError
 
@@ -413,6 +414,7 @@ def predict(
     stats: Mapping[str, Stats] | None = None,
     target_stats: Stats | None = None,
     batch_dim: str | None = None,
+    target_chunk: int = TARGET_CHUNK,
 ) -> xr.Dataset:
     """Predictive ``mean`` and ``std`` at the points of ``targets``, given xarray context, as an ``xarray.Dataset``.
 
@@ -427,6 +429,8 @@ def predict(
     ``long_name``). A checkpoint trained on departures from an hourly climatology (``StationReanalysisDataModule
     climatology: true``) keeps it: without ``stats``, the climatology at the context's ``time`` coordinate is taken
     off the context and added back to the mean. A module with a fitted variance calibration scales the std.
+    Targets are decoded ``target_chunk`` points (over all tasks) at a time after one pass over the context, so
+    memory stays bounded however many targets there are.
     ``batch_dim`` (e.g. ``"time"``), present on every context array, gives one task per entry. ``module`` is a
     ``NeuralProcessModule`` or a ``NeuralProcess``.
 
@@ -468,7 +472,9 @@ def predict(
     was_training = model.training
     model.eval()
     try:
-        dist = model(batch.context, batch.target.x)
+        chunk = max(1, target_chunk // max(b, 1))
+        chunked = getattr(model, "forward_chunked", None)
+        dist = chunked(batch.context, batch.target.x, chunk) if chunked else model(batch.context, batch.target.x)
     finally:
         model.train(was_training)
     calibrate = getattr(module, "calibrate", None)

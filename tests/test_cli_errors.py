@@ -848,3 +848,14 @@ def test_test_time_model_options_apply_and_metrics_are_versioned(cnp_checkpoint,
 
 def test_the_table_holds_every_case():
     assert len(CASES) + len(API_CASES) >= 60
+
+
+def test_predict_decodes_targets_in_chunks_with_the_same_result():
+    from gridtnp.predictions import predict
+
+    module = station_module()
+    context = {"grid": hourly([1, 2], True), "stations": hourly([1, 2], False)}
+    whole = predict(module, context, TARGETS, batch_dim="time")
+    chunked = predict(module, context, TARGETS, batch_dim="time", target_chunk=4)  # 2 targets per task and pass
+    np.testing.assert_allclose(chunked["mean"].values, whole["mean"].values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(chunked["std"].values, whole["std"].values, rtol=1e-5, atol=1e-6)
