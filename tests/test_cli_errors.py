@@ -116,6 +116,13 @@ def copy_of(path: Path, of: Path) -> Path:
     return path
 
 
+def resumable(directory: Path, of: Path) -> Path:
+    """A checkpoint folder as fit leaves it: last.ckpt and the recipe it was trained with."""
+    copy_of(directory / "last.ckpt", of)
+    (directory / "config.yaml").write_text("# the recipe of last.ckpt\n")
+    return directory
+
+
 def locked(directory: Path) -> Path:
     """A checkpoint folder whose lock is held by a live process (this test's parent)."""
     import os
@@ -531,7 +538,7 @@ CASES: list[Case] = [
             "--trainer.default_root_dir",
             str(t / "run"),
             "--checkpoint.dirpath",
-            str(copy_of(t / "ckpt" / "last.ckpt", ck).parent),
+            str(resumable(t / "ckpt", ck)),
         ],
         "holds a different model than the recipe",
         lambda ck, t: t / "ckpt",
@@ -859,3 +866,23 @@ def test_predict_decodes_targets_in_chunks_with_the_same_result():
     chunked = predict(module, context, TARGETS, batch_dim="time", target_chunk=4)  # 2 targets per task and pass
     np.testing.assert_allclose(chunked["mean"].values, whole["mean"].values, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(chunked["std"].values, whole["std"].values, rtol=1e-5, atol=1e-6)
+
+
+def test_machine_limits_and_read_only_paths_are_one_line():
+    import errno
+
+    import torch
+    from jsonargparse import Namespace
+
+    from gridtnp.cli.guards import environment_error_line
+    from gridtnp.redaction import REDACTED, redact
+
+    assert "out of memory" in environment_error_line(torch.OutOfMemoryError("CUDA out of memory. Tried 40 GiB"))
+    assert "out of memory" in environment_error_line(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
+    assert "batch_size" in environment_error_line(MemoryError())
+    line = environment_error_line(OSError(errno.EROFS, "Read-only file system", "out.zarr"))
+    assert line == "cannot write out.zarr: Read-only file system. Choose a writable path."
+    assert environment_error_line(KeyError("a bug")) is None  # anything else keeps its traceback
+    config = Namespace(data=Namespace(init_args=Namespace(storage_options={"token": "s3cr3t"}, store="gs://b")))
+    assert redact(config).data.init_args.storage_options == {"token": REDACTED}
+    assert config.data.init_args.storage_options == {"token": "s3cr3t"}
