@@ -886,3 +886,43 @@ def test_machine_limits_and_read_only_paths_are_one_line():
     config = Namespace(data=Namespace(init_args=Namespace(storage_options={"token": "s3cr3t"}, store="gs://b")))
     assert redact(config).data.init_args.storage_options == {"token": REDACTED}
     assert config.data.init_args.storage_options == {"token": "s3cr3t"}
+
+
+class RemoteSynthetic(__import__("gridtnp.data", fromlist=["SyntheticDataModule"]).SyntheticDataModule):
+    """The synthetic tasks behind fsspec options, as a remote store's DataModule takes them.
+
+    Args:
+        storage_options: fsspec options (credentials).
+        **kwargs: ``SyntheticDataModule``'s arguments.
+    """
+
+    def __init__(self, storage_options: dict | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.storage_options = storage_options
+
+
+def test_a_token_reaches_no_output_file(tmp_path):
+    recipe = tmp_path / "remote.yaml"
+    recipe.write_text(
+        Path(CNP).read_text().replace("gridtnp.data.SyntheticDataModule", "tests.test_cli_errors.RemoteSynthetic")
+        + "    storage_options: {token: s3cr3t-token, project: demo}\n"
+    )
+    common = [
+        "--config",
+        str(recipe),
+        "--trainer.enable_progress_bar",
+        "false",
+        *SMALL_DATA,
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        "--checkpoint.dirpath",
+        str(tmp_path / "ckpt"),
+    ]
+    main(["fit", *common, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+          "--plots.every_n_validations", "0"])  # fmt: skip
+    main(["predict", *common, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"),
+          "--predictions.path", str(tmp_path / "pred.nc")])  # fmt: skip
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != recipe]
+    assert {"config.yaml", "last.ckpt", "hparams.yaml", "pred.nc"} <= {p.name for p in written}
+    leaked = [str(p.relative_to(tmp_path)) for p in written if b"s3cr3t" in p.read_bytes()]
+    assert not leaked
