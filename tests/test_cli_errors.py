@@ -749,16 +749,17 @@ def test_prepare_transposes_variables_to_the_layout(tmp_path):
 
 
 def test_monitor_mode_follows_the_metric_and_limits_stay_counts(capsys):
-    from gridtnp.cli.guards import check_trainer_options, infer_monitor_mode
+    from gridtnp.cli.guards import infer_monitor_mode
 
     for monitor, mode in (("val/rmse", "min"), ("val/crps_physical", "min"), ("val/mae", "min"), ("val/loglik", "max")):
         checkpoint = {"monitor": monitor, "mode": "max"}
         infer_monitor_mode(checkpoint)
         assert checkpoint["mode"] == mode
     assert "keeping the lowest (mode min)" in capsys.readouterr().out
-    config = {"trainer": {"limit_val_batches": 1.0}}
-    check_trainer_options(config, ["fit", "--trainer.limit_val_batches", "1"])
-    assert config["trainer"]["limit_val_batches"] == 1 and isinstance(config["trainer"]["limit_val_batches"], int)
+    from gridtnp.cli import GridTNPCLI
+
+    cli = GridTNPCLI(run=False, args=["--config", CNP, "--trainer.limit_val_batches", "1", *QUIET])
+    assert cli.trainer.limit_val_batches == 1 and isinstance(cli.trainer.limit_val_batches, int)  # one batch
 
 
 def test_progress_lines_name_each_step_once_with_gradient_accumulation(capsys):

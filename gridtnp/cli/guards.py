@@ -4,8 +4,9 @@
 * ``argument_error_line(err, argv)``: jsonargparse's multi-line errors as one line, with the closest valid name.
 * ``find_config_error(err)``: the ``ConfigError`` / ``CheckpointError`` in an exception's chain, if any.
 * ``is_plot_folder(path)``: whether ``gridtnp plot`` may replace ``path``.
-* ``check_trainer_options(config, argv)``, ``infer_monitor_mode(checkpoint)``: trainer / checkpoint values checked
-  (or read as meant) before anything is built; ``command_line_model_keys(argv)``: the ``--model.*`` given.
+* ``check_trainer_options(config, argv)``, ``infer_monitor_mode(checkpoint)``, ``count_limits(trainer, argv)``:
+  trainer / checkpoint values checked (or read as meant) before anything is built;
+  ``command_line_model_keys(argv)``: the ``--model.*`` given.
 * ``environment_error_line(err)``: memory, read-only paths and Lightning's option checks as one line.
 """
 
@@ -196,13 +197,18 @@ def check_trainer_options(config: Any, argv: list[str]) -> None:
             f"--trainer.precision {precision}: gridtnp's data and models run in 32-bit (or bf16-mixed / 16-mixed); "
             "use 32-true."
         )
-    for option in ("limit_val_batches", "limit_train_batches", "limit_test_batches", "limit_predict_batches"):
-        given = _command_line_value(argv, f"--trainer.{option}")
-        if given is not None and re.fullmatch(r"\d+", given.strip()):
-            trainer[option] = int(given)  # "1" is one batch, not the float 1.0 (100 %)
     dirpath = (config.get("checkpoint") or {}).get("dirpath")
     if dirpath and Path(dirpath).exists() and not Path(dirpath).is_dir():
         raise ConfigError(f"--checkpoint.dirpath {dirpath} is a file, not a folder; choose a folder.")
+
+
+def count_limits(trainer: Any, argv: list[str]) -> None:
+    """``--trainer.limit_*_batches N`` written as a whole number is N batches, not the fraction N (jsonargparse reads
+    ``1`` as the float 1.0, which Lightning takes for 100 %)."""
+    for option in ("limit_val_batches", "limit_train_batches", "limit_test_batches", "limit_predict_batches"):
+        given = _command_line_value(argv, f"--trainer.{option}")
+        if given is not None and re.fullmatch(r"\d+", given.strip()):
+            trainer[option] = int(given)
 
 
 def _command_line_value(argv: list[str], option: str) -> str | None:

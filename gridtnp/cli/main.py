@@ -33,6 +33,7 @@ from gridtnp.cli.guards import (
     check_checkpoint_model,
     check_trainer_options,
     command_line_model_keys,
+    count_limits,
     environment_error_line,
     find_config_error,
     infer_monitor_mode,
@@ -160,6 +161,8 @@ class GridTNPCLI(LightningCLI):
             ]
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        subcommand = self.config_init.get("subcommand")
+        count_limits((self.config_init[subcommand] if subcommand else self.config_init)["trainer"], self.argv)
         trainer = super().instantiate_trainer(**kwargs)
         for logger in trainer.loggers:
             redacting(logger)
