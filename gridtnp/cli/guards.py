@@ -4,7 +4,7 @@
 * ``argument_error_line(err, argv)``: jsonargparse's multi-line errors as one line, with the closest valid name.
 * ``find_config_error(err)``: the ``ConfigError`` / ``CheckpointError`` in an exception's chain, if any.
 * ``is_plot_folder(path)``: whether ``gridtnp plot`` may replace ``path``.
-* ``check_trainer_options(config, argv)``, ``infer_monitor_mode(checkpoint)``, ``count_limits(trainer, argv)``:
+* ``check_trainer_options(config)``, ``infer_monitor_mode(checkpoint)``, ``count_limits(trainer, argv)``:
   trainer / checkpoint values checked (or read as meant) before anything is built;
   ``command_line_model_keys(argv)``: the ``--model.*`` given.
 * ``environment_error_line(err)``: memory, read-only paths and Lightning's option checks as one line.
@@ -174,7 +174,7 @@ def infer_monitor_mode(checkpoint: Any) -> None:
         )
 
 
-def check_trainer_options(config: Any, argv: list[str]) -> None:
+def check_trainer_options(config: Any) -> None:
     """Trainer, seed and checkpoint values that Lightning rejects with a traceback (or reads otherwise than meant)."""
     trainer = config.get("trainer") or {}
     max_steps = trainer.get("max_steps")

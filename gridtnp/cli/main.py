@@ -172,7 +172,7 @@ class GridTNPCLI(LightningCLI):
         """Trainer and checkpoint values Lightning would reject with a traceback (or take silently): one line."""
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        check_trainer_options(config, getattr(self, "argv", []))
+        check_trainer_options(config)
         infer_monitor_mode(config.get("checkpoint"))
 
     def _run_subcommand(self, subcommand: str) -> None:
