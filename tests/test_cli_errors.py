@@ -927,3 +927,13 @@ def test_a_token_reaches_no_output_file(tmp_path):
     assert {"config.yaml", "last.ckpt", "hparams.yaml", "pred.nc"} <= {p.name for p in written}
     leaked = [str(p.relative_to(tmp_path)) for p in written if b"s3cr3t" in p.read_bytes()]
     assert not leaked
+
+
+def test_ckpt_path_last_finds_the_newest_checkpoint(cnp_checkpoint, tmp_path, capsys):
+    from gridtnp.cli import GridTNPCLI
+
+    ckpt = copy_of(tmp_path / "ckpt" / "last.ckpt", cnp_checkpoint)
+    cli = GridTNPCLI(
+        args=eval_args("test", None, tmp_path, "--ckpt_path", "last", "--checkpoint.dirpath", str(ckpt.parent))
+    )
+    assert cli.trainer.ckpt_path == str(ckpt) and f"last checkpoint: {ckpt}" in capsys.readouterr().out

@@ -211,7 +211,8 @@ class GridTNPCLI(LightningCLI):
         if evaluating and ckpt_path == "last":
             dirpath = (config.get("checkpoint") or {}).get("dirpath")
             root = (config.get("trainer") or {}).get("default_root_dir")
-            ckpt_path = config["ckpt_path"] = resume_checkpoint("last", [dirpath] if dirpath else [], root)
+            found = resume_checkpoint("last", [dirpath] if dirpath else [], root)
+            ckpt_path = config["ckpt_path"] = None if found is None else str(found)
             if ckpt_path is not None and rank_zero_only.rank == 0:
                 print(f"gridtnp: last checkpoint: {ckpt_path}", flush=True)
         if ckpt_path is None and evaluating and not config.get("allow_untrained"):
