@@ -262,10 +262,11 @@ def _process_alive(pid: int) -> bool:
 
 
 def lock_directory(directory: str | os.PathLike) -> Path | None:
-    """Take ``directory``'s lock file (``.gridtnp.lock``: process id and host) for a ``fit`` writing there.
+    """Take ``directory``'s lock file (``.gridtnp.lock``: process id, host, SLURM job id) for a ``fit`` writing there.
 
-    A lock held by a live process on this host (or by any process on another host) is a ``CheckpointError``; a
-    lock left by a process that no longer runs is taken over with a line saying so. Returns the lock's path (None
+    A lock held by a live process on this host (or by any process on another host, unless it is an earlier run of
+    the same SLURM job, requeued) is a ``CheckpointError``; a lock left by a process that no longer runs is taken
+    over with a line saying so. Returns the lock's path (None
     for a remote directory); ``unlock_directory`` removes it.
     """
     if is_url(directory):
@@ -279,19 +280,23 @@ def lock_directory(directory: str | os.PathLike) -> Path | None:
         raise ConfigError(f"--checkpoint.dirpath {directory}: cannot create it ({err.strerror}).") from err
     if not os.access(directory, os.W_OK):
         raise ConfigError(f"--checkpoint.dirpath {directory} is not writable; choose a writable folder.")
-    path, host, mine = directory / LOCK_NAME, socket.gethostname(), f"{os.getpid()} {socket.gethostname()}"
+    host, job = socket.gethostname(), os.environ.get("SLURM_JOB_ID", "-")
+    path, mine = directory / LOCK_NAME, f"{os.getpid()} {host} {job}"
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         owner = path.read_text().split() if path.is_file() else []
         pid = int(owner[0]) if owner and owner[0].isdigit() else None
         other_host = owner[1] if len(owner) > 1 and owner[1] != host else None
-        if pid is not None and pid != os.getpid() and (other_host is not None or _process_alive(pid)):
+        # A requeued SLURM job (same job id) may start on another node: its earlier run is over.
+        requeued = job != "-" and len(owner) > 2 and owner[2] == job
+        alive = other_host is not None or (pid is not None and _process_alive(pid))
+        if pid is not None and pid != os.getpid() and alive and not requeued:
             where = f" on {other_host}" if other_host else ""
             raise CheckpointError(
                 f"--checkpoint.dirpath {directory} is in use by a running gridtnp fit (process {pid}{where}; lock "
                 f"file {path}): two runs would overwrite each other's last.ckpt. Wait for it to finish, or give this "
-                "run another --checkpoint.dirpath."
+                "run another --checkpoint.dirpath (delete the lock file if that run is known to be gone)."
             ) from None
         if pid != os.getpid():
             print(
