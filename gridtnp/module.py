@@ -21,7 +21,7 @@ from gridtnp.metrics import (
     evaluation_metrics,
     point_weights,
 )
-from gridtnp.models.neural_process import build_model, count_parameters, expand_spec
+from gridtnp.models.neural_process import TARGET_CHUNK, build_model, count_parameters, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 from gridtnp.training.compiling import CompiledModel
@@ -211,12 +211,51 @@ class NeuralProcessModule(L.LightningModule):
         return dist, log_likelihood(dist, batch.target.y, valid), valid
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        _, loglik, _ = self._loglik(batch)
+        try:
+            _, loglik, _ = self._loglik(batch)
+        except ValueError as err:
+            if "Expected parameter" not in str(err):  # torch.distributions' check of non-finite parameters
+                raise
+            raise self._diverged("NaN", "the model's outputs are NaN") from None
         loss = -loglik.mean()
+        if not bool(torch.isfinite(loss.detach())):
+            value = float(loss.detach())
+            raise self._diverged("NaN" if value != value else str(value), "the log-likelihood is not finite")
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.batch_size)
         if self._trainer is not None and self.trainer.optimizers:
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=batch.batch_size)
         return loss
+
+    def _diverged(self, value: str, what: str) -> ConfigError:
+        """The error that stops a run whose loss is no longer finite, naming the step (the checkpoints written so
+        far are kept: the last one holds the last good state)."""
+        step = self.trainer.global_step if self._trainer is not None else 0
+        return ConfigError(
+            f"loss is {value} at step {step}: {what} (training diverged; learning rate {self.lr:g}). Checkpoints "
+            "written before are kept; lower --model.init_args.lr (or add warmup_steps) and start again."
+        )
+
+    def on_train_start(self) -> None:
+        """A resumed run uses the learning rate of its recipe, not the one restored with the optimiser state."""
+        if self._trainer is None or self.trainer.ckpt_path is None:
+            return
+        changed = False
+        for config in self.trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if hasattr(scheduler, "base_lrs") and any(b != self.lr for b in scheduler.base_lrs):
+                changed = True
+                scheduler.base_lrs = [self.lr for _ in scheduler.base_lrs]
+                lambdas = getattr(scheduler, "lr_lambdas", None)
+                for i, group in enumerate(scheduler.optimizer.param_groups):
+                    factor = lambdas[i](scheduler.last_epoch) if lambdas else 1.0
+                    group["initial_lr"], group["lr"] = self.lr, self.lr * factor
+        if not self.trainer.lr_scheduler_configs:
+            for optimizer in self.trainer.optimizers:
+                for group in optimizer.param_groups:
+                    changed = changed or group["lr"] != self.lr
+                    group["lr"] = self.lr
+        if changed and self.trainer.is_global_zero:
+            print(f"gridtnp: resumed with the recipe's learning rate {self.lr:g} (the checkpoint had another)")
 
     def calibrate(self, dist: Normal) -> Normal:
         """``dist`` with its std multiplied by the fitted ``std_scale`` (unchanged without variance calibration)."""
@@ -339,8 +378,12 @@ class NeuralProcessModule(L.LightningModule):
         extras (e.g. ``hour``), on the CPU, for ``gridtnp.predictions.PredictionWriter``."""
         if batch_idx == 0:
             self.model.warn_outside_grid(batch.context, batch.target)
-        dist = self.calibrate(self(batch))
         target = batch.target
+        chunk = max(1, TARGET_CHUNK // max(batch.batch_size, 1))
+        if target.x.shape[1] > chunk and self.compiled is None:  # bounded memory however many targets
+            dist = self.calibrate(self.model.forward_chunked(batch.context, target.x, chunk))
+        else:
+            dist = self.calibrate(self(batch))
         out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 

@@ -17,6 +17,7 @@ In a notebook, ``predict(module, context, targets)`` does the same for xarray in
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,8 @@ from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
 from gridtnp.data.stations import snap_to_grid
 from gridtnp.files import check_output, replacing
+from gridtnp.models.neural_process import TARGET_CHUNK
+from gridtnp.redaction import redact_text
 from gridtnp.registry import ConfigError
 
 Stats = tuple[float, float]
@@ -83,7 +86,7 @@ class PredictionWriter(BasePredictionWriter):
         ds.attrs["recipe"] = ", ".join(self.recipe) or "none"
         for i, recipe in enumerate(self.recipe):
             if os.path.isfile(recipe):
-                ds.attrs[f"recipe_text_{i}" if i else "recipe_text"] = Path(recipe).read_text()
+                ds.attrs[f"recipe_text_{i}" if i else "recipe_text"] = redact_text(Path(recipe).read_text())
         ds.attrs["model"] = type(getattr(pl_module, "model", pl_module)).__name__
         path = self.output_path(trainer)
         write_dataset(ds, path)
@@ -147,8 +150,9 @@ def _template(obj: xr.DataArray | xr.Dataset, coords: Sequence[str]) -> xr.DataA
     """A DataArray spanning ``obj``'s points: itself, its first variable, or its coordinates broadcast together."""
     if isinstance(obj, xr.DataArray):
         return obj
-    if obj.data_vars:
-        return obj[next(iter(obj.data_vars))]
+    spanning = [v for v in obj.data_vars.values() if all(c in v.coords for c in coords)]
+    if spanning:  # a variable located by the coordinates (not a scalar beside them)
+        return spanning[0]
     missing = [c for c in coords if c not in obj.coords]
     if missing:
         raise ConfigError(f"predict: targets have no coordinate {', '.join(missing)}; have {', '.join(obj.coords)}.")
@@ -272,7 +276,7 @@ def _departures(
             "so the context needs its time: a scalar `time` coordinate, or one along batch_dim "
             f"({batch_dim!r}), on {next(iter(context))!r}."
         )
-    hours = pd.DatetimeIndex(np.atleast_1d(time.values)).hour.to_numpy()  # [B], or [1] for a scalar time
+    hours = utc_times(time.values, f"the time of context {next(iter(context))!r}").hour.to_numpy()  # [B] or [1]
     lead = [] if batch_dim is None else [batch_dim]
     out = {}
     for name, array in context.items():
@@ -300,6 +304,84 @@ def _departures(
     reference_t = np.stack([fields[v][hours][:, rows, cols] for v in target_names], -1)  # [B or 1, N, Dy]
     b = first.sizes[batch_dim] if batch_dim is not None else 1
     return out, np.broadcast_to(reference_t, (b, *reference_t.shape[1:]))
+
+
+def utc_times(values: Any, what: str) -> pd.DatetimeIndex:
+    """Times ``[B]`` (a scalar, datetime64, or timezone-aware ``pandas.Timestamp``) as naive UTC; ``cftime`` and
+    other non-calendar times are a ``ConfigError``."""
+    values = np.atleast_1d(values)
+    if values.dtype == object and any(type(v).__module__.startswith("cftime") for v in values.ravel()):
+        raise ConfigError(
+            f"predict: {what} is a cftime date ({type(values.ravel()[0]).__name__}); convert it to numpy datetime64 "
+            "first (e.g. ds.convert_calendar('standard') or ds.indexes['time'].to_datetimeindex())."
+        )
+    try:
+        times = pd.DatetimeIndex(pd.to_datetime(values.ravel()))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"predict: {what} is not a date and time ({err}).") from err
+    if times.tz is not None:  # 12:00 Europe/Berlin is 11:00 UTC, the climatology's clock
+        times = times.tz_convert("UTC").tz_localize(None)
+    return times
+
+
+def check_context(
+    model: Any, context: Mapping[str, xr.DataArray], coords: Sequence[str], batch_dim: str | None
+) -> dict[str, xr.DataArray]:
+    """The context checked against the model's sources and each other: every source named as the model names it,
+    no dimension that is neither a point dimension nor ``batch_dim``, and with ``batch_dim`` the sources aligned by
+    its coordinate (the same values in any order; other values or lengths are refused)."""
+    context = dict(context)
+    if not context:
+        raise ConfigError("predict: the context is empty; pass {source: DataArray} for each of the model's sources.")
+    encoders = getattr(model, "encoders", None)
+    sources = [str(k) for k in encoders] if isinstance(encoders, Mapping | torch.nn.ModuleDict) else None
+    if sources is not None and len(sources) > 1:
+        unknown = [name for name in context if name not in sources]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sources, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"predict: context source {unknown[0]!r} is not one of the model's sources {sources}{hint}."
+            )
+        missing = [name for name in sources if name not in context]
+        if missing:
+            raise ConfigError(f"predict: the context lacks the model's source(s) {missing}; it has {list(context)}.")
+    for name, array in context.items():
+        if batch_dim is not None and batch_dim not in array.dims:
+            raise ConfigError(
+                f"predict: context {name!r} has no dimension {batch_dim!r} (batch_dim); its dimensions are "
+                f"{list(map(str, array.dims))}."
+            )
+        spanned = {d for c in coords if c in array.coords for d in array[c].dims}
+        extra = [str(d) for d in array.dims if d != batch_dim and d not in spanned]
+        if extra and spanned:
+            raise ConfigError(
+                f"predict: context {name!r} has dimension(s) {extra} that its coordinates {list(coords)} do not "
+                f"span; pass batch_dim={extra[0]!r} for one task per {extra[0]}, or select one value."
+            )
+    if batch_dim is None:
+        return context
+    first_name, first = next(iter(context.items()))
+    reference = first[batch_dim].values if batch_dim in first.coords else None
+    for name, array in list(context.items())[1:]:
+        if array.sizes[batch_dim] != first.sizes[batch_dim]:
+            raise ConfigError(
+                f"predict: context {name!r} has {array.sizes[batch_dim]} entries along {batch_dim!r} and "
+                f"{first_name!r} {first.sizes[batch_dim]}; expected the same {batch_dim} in every source."
+            )
+        if reference is None or batch_dim not in array.coords:
+            continue
+        values = array[batch_dim].values
+        if np.array_equal(values, reference):
+            continue
+        if set(values.tolist()) != set(reference.tolist()) or len(set(values.tolist())) != len(values):
+            raise ConfigError(
+                f"predict: context {name!r} covers other {batch_dim} values than {first_name!r} "
+                f"({values[0]} .. {values[-1]} vs {reference[0]} .. {reference[-1]}); expected the same {batch_dim} "
+                "in every source."
+            )
+        context[name] = array.sel({batch_dim: reference})  # paired by value, not by position
+    return context
 
 
 def _nearest(lat: np.ndarray, lon: np.ndarray, grid: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -332,6 +414,7 @@ def predict(
     stats: Mapping[str, Stats] | None = None,
     target_stats: Stats | None = None,
     batch_dim: str | None = None,
+    target_chunk: int = TARGET_CHUNK,
 ) -> xr.Dataset:
     """Predictive ``mean`` and ``std`` at the points of ``targets``, given xarray context, as an ``xarray.Dataset``.
 
@@ -346,6 +429,8 @@ def predict(
     ``long_name``). A checkpoint trained on departures from an hourly climatology (``StationReanalysisDataModule
     climatology: true``) keeps it: without ``stats``, the climatology at the context's ``time`` coordinate is taken
     off the context and added back to the mean. A module with a fitted variance calibration scales the std.
+    Targets are decoded ``target_chunk`` points (over all tasks) at a time after one pass over the context, so
+    memory stays bounded however many targets there are.
     ``batch_dim`` (e.g. ``"time"``), present on every context array, gives one task per entry. ``module`` is a
     ``NeuralProcessModule`` or a ``NeuralProcess``.
 
@@ -355,6 +440,7 @@ def predict(
     as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
+    context = check_context(model, context, coords, batch_dim)
     saved, saved_targets, target_attrs = checkpoint_statistics(module)
     climatology = (getattr(module, "data_metadata", None) or {}).get("climatology")
     target_reference = None
@@ -386,7 +472,9 @@ def predict(
     was_training = model.training
     model.eval()
     try:
-        dist = model(batch.context, batch.target.x)
+        chunk = max(1, target_chunk // max(b, 1))
+        chunked = getattr(model, "forward_chunked", None)
+        dist = chunked(batch.context, batch.target.x, chunk) if chunked else model(batch.context, batch.target.x)
     finally:
         model.train(was_training)
     calibrate = getattr(module, "calibrate", None)

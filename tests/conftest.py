@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -30,3 +31,14 @@ def grid_coords(grid: Grid) -> list[list[float]]:
         step = (hi - lo) / (m if r else m - 1)
         axes.append([lo + i * step for i in range(m)])
     return [list(p) for p in itertools.product(*axes)]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How many bad inputs the table tests hold (``tests/test_cli_errors.py``), when they ran."""
+    module = sys.modules.get("tests.test_cli_errors")
+    if module is not None:
+        cases = len(module.CASES) + len(module.API_CASES)
+        terminalreporter.write_line(
+            f"bad-input table: {cases} cases ({len(module.CASES)} through the CLI, {len(module.API_CASES)} through "
+            "the predict API)"
+        )

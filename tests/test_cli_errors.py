@@ -80,6 +80,69 @@ def truncated_copy(path: Path, of: Path) -> Path:
     return path
 
 
+def grid_file(
+    path: Path,
+    units: str = "K",
+    lon: list[float] | None = None,
+    start: str = "2020-01-01",
+    dims: tuple[str, ...] = ("time", "latitude", "longitude"),
+    extra: dict | None = None,
+    time: list | None = None,
+    lat: list[float] | None = None,
+) -> Path:
+    """A tiny gridded NetCDF file: 2 times x 2 latitudes x the given longitudes, ``t2m`` in ``units``."""
+    lon = [0.0, 1.0, 2.0] if lon is None else lon
+    lat = [50.0, 51.0] if lat is None else lat
+    time = list(np.datetime64(start) + np.arange(2) * np.timedelta64(1, "h")) if time is None else time
+    sizes = {"time": len(time), "latitude": len(lat), "longitude": len(lon), **(extra or {})}
+    values = np.arange(np.prod([sizes[d] for d in dims]), dtype=np.float32).reshape([sizes[d] for d in dims])
+    coords = {"time": time, "latitude": lat, "longitude": lon, **{k: np.arange(v) for k, v in (extra or {}).items()}}
+    xr.Dataset({"t2m": (dims, values + 280.0, {"units": units})}, coords=coords).to_netcdf(path)
+    return path
+
+
+def foreign_checkpoint(path: Path, unsafe: bool = False) -> Path:
+    """A torch file gridtnp did not write: plain values, or (``unsafe``) a pickled Python object."""
+    import argparse
+
+    torch_save = __import__("torch").save
+    torch_save({"weights": [1.0]} if not unsafe else {"state_dict": {}, "obj": argparse.Namespace(a=1)}, path)
+    return path
+
+
+def copy_of(path: Path, of: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(of.read_bytes())
+    return path
+
+
+def resumable(directory: Path, of: Path) -> Path:
+    """A checkpoint folder as fit leaves it: last.ckpt and the recipe it was trained with."""
+    copy_of(directory / "last.ckpt", of)
+    (directory / "config.yaml").write_text("# the recipe of last.ckpt\n")
+    return directory
+
+
+def locked(directory: Path) -> Path:
+    """A checkpoint folder whose lock is held by a live process (this test's parent)."""
+    import os
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / ".gridtnp.lock").write_text(f"{os.getppid()} {__import__('socket').gethostname()}")
+    return directory
+
+
+def recipe_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def eval_args(command: str, ck: Path | None, tmp: Path, *extra: str) -> list[str]:
+    ckpt = ["--ckpt_path", str(ck)] if ck is not None else []
+    return [command, "--config", CNP, *ckpt, *QUIET, *SMALL_DATA, "--trainer.default_root_dir", str(tmp / "run"),
+            *extra]  # fmt: skip
+
+
 # (id, arguments given the fixture paths, what the one error line says, the path that must not change)
 Case = tuple[str, Callable[[Path, Path], list[str]], str, Callable[[Path, Path], Path | None]]
 
@@ -310,6 +373,225 @@ CASES: list[Case] = [
         lambda ck, t: t / "p.zarr",
     ),
     (
+        "prepare inputs holding one variable in different units",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", "K")),
+            str(grid_file(t / "b.nc", "degC", start="2020-01-02")),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "variable 't2m' is in 'K' in",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare a 0-360 box across the date line",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", lon=[178.0, 179.0, 180.0, 181.0, 182.0])),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "the longitudes cross the date line",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare a variable with two extra dimensions",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(
+                grid_file(
+                    t / "a.nc",
+                    dims=("time", "number", "level", "latitude", "longitude"),
+                    extra={"number": 2, "level": 2},
+                )
+            ),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "has 2 dimensions besides time, latitude and longitude (number, level)",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare with a missing (NaT) time",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", time=[np.datetime64("2020-01-01"), np.datetime64("NaT")])),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "time value(s) are missing (NaT)",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare with a missing (NaN) latitude",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc", lat=[50.0, float("nan")])),
+            "--out",
+            str(t / "s.zarr"),
+        ],
+        "latitude has missing (NaN) values",
+        lambda ck, t: t / "s.zarr",
+    ),
+    (
+        "prepare onto an existing file with --overwrite",
+        lambda ck, t: [
+            "data",
+            "prepare",
+            str(grid_file(t / "a.nc")),
+            "--overwrite",
+            "--out",
+            str(text_file(t / "notes.zarr")),
+        ],
+        "exists and is not a Zarr store",
+        lambda ck, t: t / "notes.zarr",
+    ),
+    (
+        "test --ckpt_path last with no checkpoint anywhere",
+        lambda ck, t: eval_args("test", None, t, "--ckpt_path", "last", "--checkpoint.dirpath", str(t / "none")),
+        "(--ckpt_path last found no checkpoint)",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "validate without a checkpoint",
+        lambda ck, t: eval_args("validate", None, t),
+        "gridtnp validate needs --ckpt_path",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "test with --ckpt_path hpc",
+        lambda ck, t: eval_args("test", None, t, "--ckpt_path", "hpc"),
+        "--ckpt_path hpc only resumes `gridtnp fit`",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a log-likelihood monitored with mode min",
+        lambda ck, t: fit_args(t, "--checkpoint.mode", "min"),
+        "would keep the worst model",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a checkpoint filename leading outside its folder",
+        lambda ck, t: fit_args(
+            t, "--checkpoint.filename", "../../escaped-{step}", "--checkpoint.dirpath", str(t / "ckpt")
+        ),
+        "leads outside the checkpoint directory",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a checkpoint folder that is a file",
+        lambda ck, t: fit_args(t, "--checkpoint.dirpath", str(text_file(t / "ckfile"))),
+        "is a file, not a folder",
+        lambda ck, t: t / "ckfile",
+    ),
+    (
+        "max_time in Lightning's short format",
+        lambda ck, t: fit_args(t, "--trainer.max_time", "00:00:08"),
+        "expected days:hours:minutes:seconds",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "checkpointing turned off",
+        lambda ck, t: fit_args(t, "--trainer.enable_checkpointing", "false"),
+        "gridtnp fit always writes last.ckpt",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "64-bit precision",
+        lambda ck, t: fit_args(t, "--trainer.precision", "64-true"),
+        "use 32-true",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a seed out of range",
+        lambda ck, t: fit_args(t, "--seed_everything", str(2**40)),
+        "is not in bounds",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "last.ckpt every 0 steps",
+        lambda ck, t: fit_args(t, "--checkpoint.last_every_n_steps", "0"),
+        "--checkpoint.last_every_n_steps must be >= 1",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a validation interval beyond the epoch",
+        lambda ck, t: fit_args(
+            t, "--trainer.val_check_interval", "100000", "--trainer.max_steps", "1", "--plots.every_n_validations", "0"
+        ),
+        "`val_check_interval` (100000) must be less than or equal to the number of the training batches",
+        lambda ck, t: None,
+    ),
+    (
+        "a resume whose recipe changed the model",
+        lambda ck, t: [
+            "fit",
+            "--config",
+            TNP,
+            *QUIET,
+            "--trainer.default_root_dir",
+            str(t / "run"),
+            "--checkpoint.dirpath",
+            str(resumable(t / "ckpt", ck)),
+        ],
+        "holds a different model than the recipe",
+        lambda ck, t: t / "ckpt",
+    ),
+    (
+        "an unsafe pickle as --ckpt_path",
+        lambda ck, t: eval_args("test", foreign_checkpoint(t / "evil.ckpt", unsafe=True), t),
+        "not loadable safely",
+        lambda ck, t: t / "evil.ckpt",
+    ),
+    (
+        "a foreign file as --ckpt_path",
+        lambda ck, t: eval_args("test", foreign_checkpoint(t / "other.ckpt"), t),
+        "not a training checkpoint",
+        lambda ck, t: t / "other.ckpt",
+    ),
+    (
+        "a checkpoint folder in use by a live run",
+        lambda ck, t: fit_args(t, "--checkpoint.dirpath", str(locked(t / "busy"))),
+        "is in use by a running gridtnp fit",
+        lambda ck, t: t / "busy",
+    ),
+    (
+        "a recipe indented with tabs",
+        lambda ck, t: ["fit", "--config", str(recipe_text(t / "tabs.yaml", "model:\n\tclass_path: x\n"))],
+        "not valid YAML at line 2, column 1",
+        lambda ck, t: None,
+    ),
+    (
+        "an empty recipe",
+        lambda ck, t: ["fit", "--config", str(recipe_text(t / "empty.yaml", ""))],
+        "the recipe is empty",
+        lambda ck, t: None,
+    ),
+    (
+        "a loss that turns NaN",
+        lambda ck, t: fit_args(
+            t,
+            "--model.init_args.lr",
+            "1000",
+            "--trainer.max_steps",
+            "60",
+            "--trainer.limit_val_batches",
+            "0",
+            "--plots.every_n_validations",
+            "0",
+            "--checkpoint.dirpath",
+            str(t / "ckpt"),
+        ),
+        "at step",
+        lambda ck, t: None,
+    ),
+    (
         "prepare latitudes beyond the poles",
         lambda ck, t: ["data", "prepare", str(polar_file(t / "polar.nc")), "--out", str(t / "s.zarr")],
         "latitude 100 is outside [-90, 90]",
@@ -366,3 +648,292 @@ def test_untrained_on_purpose_and_the_top_level_help(tmp_path, capsys):
         assert f"\n  {sub} " in out
     main(["--version"])
     assert capsys.readouterr().out.startswith("gridtnp 0.1.0")
+
+
+# --- the predict API: context mistakes are one ConfigError each ------------------------------------------------------
+
+
+def station_module():
+    from gridtnp import NeuralProcessModule
+
+    return NeuralProcessModule(
+        dim_x=2, dim_y={"grid": 1, "stations": 1}, target_source="stations", dim=8,
+        encoder={"name": "mlp"}, grid_encoder={"name": "identity"}, processor={"name": "transformer", "layers": 1},
+        grid_decoder={"name": "cross_attention"}, likelihood={"name": "gaussian"},
+    )  # fmt: skip
+
+
+def hourly(hours: list[int], grid: bool) -> xr.DataArray:
+    """Normalised values at ``hours`` of 2019-03-01: a 2 x 3 grid, or 4 stations."""
+    time = np.datetime64("2019-03-01T00") + np.array(hours) * np.timedelta64(1, "h")
+    rng = np.random.default_rng(len(hours) + 10 * grid)
+    if grid:
+        return xr.DataArray(
+            rng.standard_normal((len(hours), 2, 3)), dims=("time", "latitude", "longitude"),
+            coords={"time": time, "latitude": [50.0, 51.0], "longitude": [0.0, 1.0, 2.0]},
+        )  # fmt: skip
+    return xr.DataArray(
+        rng.standard_normal((len(hours), 4)), dims=("time", "station"),
+        coords={"time": time, "latitude": ("station", [50.2, 50.5, 50.7, 50.9]),
+                "longitude": ("station", [0.1, 0.6, 1.2, 1.8])},
+    )  # fmt: skip
+
+
+TARGETS = xr.Dataset(coords={"latitude": [50.0, 50.5, 51.0], "longitude": [0.0, 1.0]})
+
+# (id, keyword arguments of predict besides the module, what the ConfigError says)
+API_CASES = [
+    ("a misspelt source", lambda: {"context": {"gird": hourly([1], True).isel(time=0),
+                                               "stations": hourly([1], False).isel(time=0)}},
+     "context source 'gird' is not one of the model's sources ['grid', 'stations'] (did you mean 'grid'?)"),
+    ("a model source missing", lambda: {"context": {"grid": hourly([1], True).isel(time=0)}},
+     "the context lacks the model's source(s) ['stations']"),
+    ("a batch_dim the context lacks", lambda: {"context": {"grid": hourly([1], True).isel(time=0),
+                                                           "stations": hourly([1], False)}, "batch_dim": "time"},
+     "context 'grid' has no dimension 'time' (batch_dim)"),
+    ("an extra time dimension without batch_dim", lambda: {"context": {"grid": hourly([1, 2], True),
+                                                                       "stations": hourly([1, 2], False)}},
+     "pass batch_dim='time' for one task per time"),
+    ("sources with different time lengths", lambda: {"context": {"grid": hourly([1, 2, 3], True),
+                                                                 "stations": hourly([1, 2], False)},
+                                                     "batch_dim": "time"},
+     "'stations' has 2 entries along 'time' and 'grid' 3"),
+    ("sources at other hours", lambda: {"context": {"grid": hourly([11, 12, 13], True),
+                                                    "stations": hourly([20, 21, 22], False)}, "batch_dim": "time"},
+     "context 'stations' covers other time values than 'grid'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
+def test_a_predict_api_mistake_is_one_config_error(kwargs, message):
+    from gridtnp.predictions import predict
+    from gridtnp.registry import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        predict(station_module(), targets=TARGETS, **kwargs())
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_predict_api_pairs_sources_by_time_and_reads_times_in_utc():
+    import pandas as pd
+
+    from gridtnp.predictions import predict, utc_times
+    from gridtnp.registry import ConfigError
+
+    module = station_module()
+    grid, stations = hourly([11, 12, 13], True), hourly([11, 12, 13], False)
+    ordered = predict(module, {"grid": grid, "stations": stations}, TARGETS, batch_dim="time")
+    shuffled = predict(module, {"grid": grid.isel(time=[2, 1, 0]), "stations": stations}, TARGETS, batch_dim="time")
+    np.testing.assert_allclose(shuffled["mean"].values, ordered["mean"].values, atol=1e-4)  # paired by time
+    berlin = pd.Timestamp("2019-03-01 12:00", tz="Europe/Berlin")
+    assert list(utc_times(berlin, "t").hour) == [11]
+    assert list(utc_times(pd.date_range(berlin, periods=2, freq="h"), "t").hour) == [11, 12]
+    cftime = pytest.importorskip("cftime")
+    with pytest.raises(ConfigError, match="is a cftime date"):
+        utc_times(np.array([cftime.DatetimeNoLeap(2019, 3, 1, 12)], dtype=object), "t")
+    # Targets given as a Dataset whose first variable is a scalar: located by the gridded variable after it.
+    targets = TARGETS.assign(note=1.0, field=(("latitude", "longitude"), np.zeros((3, 2))))
+    out = predict(module, {"grid": grid.isel(time=0), "stations": stations.isel(time=0)}, targets)
+    assert out["mean"].shape == (3, 2)
+
+
+# --- what is converted, kept or versioned rather than refused ---------------------------------------------------------
+
+
+def test_prepare_transposes_variables_to_the_layout(tmp_path):
+    src = grid_file(tmp_path / "a.nc", dims=("latitude", "longitude", "time"))
+    main(["data", "prepare", str(src), "--out", str(tmp_path / "s.zarr"), "--quiet"])
+    with xr.open_zarr(tmp_path / "s.zarr") as ds, xr.open_dataset(src) as raw:
+        assert ds["t2m"].dims == ("time", "latitude", "longitude")
+        np.testing.assert_array_equal(ds["t2m"].values, raw["t2m"].transpose("time", ...).values)
+
+
+def test_monitor_mode_follows_the_metric_and_limits_stay_counts(capsys):
+    from gridtnp.cli.guards import infer_monitor_mode
+
+    for monitor, mode in (("val/rmse", "min"), ("val/crps_physical", "min"), ("val/mae", "min"), ("val/loglik", "max")):
+        checkpoint = {"monitor": monitor, "mode": "max"}
+        infer_monitor_mode(checkpoint)
+        assert checkpoint["mode"] == mode
+    assert "keeping the lowest (mode min)" in capsys.readouterr().out
+    from gridtnp.cli import GridTNPCLI
+
+    cli = GridTNPCLI(run=False, args=["--config", CNP, "--trainer.limit_val_batches", "1", *QUIET])
+    assert cli.trainer.limit_val_batches == 1 and isinstance(cli.trainer.limit_val_batches, int)  # one batch
+
+
+def test_progress_lines_name_each_step_once_with_gradient_accumulation(capsys):
+    from types import SimpleNamespace
+
+    from gridtnp.cli.reports import ProgressLog
+
+    log = ProgressLog(every_n_steps=1)
+    trainer = SimpleNamespace(progress_bar_callback=None, is_global_zero=True, callback_metrics={}, max_steps=2)
+    for step in (0, 0, 0, 1, 1, 1, 2, 2, 2):  # three accumulated batches per optimiser step
+        trainer.global_step = step
+        log.on_train_batch_end(trainer, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in lines] == ["gridtnp: step 1/2", "gridtnp: step 2/2"]
+
+
+def test_credentials_never_reach_an_output():
+    from gridtnp.redaction import REDACTED, redact, redact_text
+    from gridtnp.training.checkpointing import Checkpoint
+
+    hparams = {"store": "gs://bucket/era5.zarr", "storage_options": {"token": "s3cr3t", "project": "p"},
+               "api_key": "abc", "self_key": True, "dim": 8}  # fmt: skip
+    clean = redact(hparams)
+    assert clean["storage_options"] == {"token": REDACTED, "project": REDACTED} and clean["api_key"] == REDACTED
+    assert clean["self_key"] is True and clean["dim"] == 8 and hparams["storage_options"]["token"] == "s3cr3t"
+    text = "data:\n  init_args:\n    storage_options:\n      token: s3cr3t\n"
+    assert "s3cr3t" not in redact_text(text) and redact_text("a: 1  # kept\n") == "a: 1  # kept\n"
+    checkpoint = {"hyper_parameters": {"dim": 8}, "datamodule_hyper_parameters": dict(hparams)}
+    trainer = type("T", (), {"logger": None, "world_size": 1})()
+    Checkpoint().on_save_checkpoint(trainer, None, checkpoint)
+    assert "s3cr3t" not in repr(checkpoint) and hparams["storage_options"]["token"] == "s3cr3t"
+
+
+def test_checkpoint_paths_stay_in_their_folder_and_foreign_files_are_skipped(cnp_checkpoint, tmp_path):
+    import os
+
+    import torch
+
+    from gridtnp.training.checkpointing import CheckpointError, best_checkpoint, resume_checkpoint
+
+    run = tmp_path / "ckpt"
+    last = copy_of(run / "last.ckpt", cnp_checkpoint)
+    outside = copy_of(tmp_path / "elsewhere" / "best.ckpt", cnp_checkpoint)
+    state = torch.load(last, weights_only=False)
+    state["callbacks"] = {"Checkpoint": {"best_model_path": str(outside), "monitor": "val/loglik",
+                                         "best_model_score": torch.tensor(1.0)}}  # fmt: skip
+    torch.save(state, last)
+    with pytest.raises(CheckpointError, match="which is gone"):  # not the file outside the folder
+        best_checkpoint(run)
+    copy_of(run / "best.ckpt", cnp_checkpoint)
+    os.utime(last)  # last.ckpt stays the newest file, the one whose record is read
+    assert best_checkpoint(run)[0] == run / "best.ckpt"
+    foreign_checkpoint(run / "zz-newer.ckpt")
+    (run / "best.ckpt").unlink()
+    with pytest.warns(UserWarning, match="not a training checkpoint"):
+        assert resume_checkpoint(None, [run], None) == last
+
+
+def test_a_resume_applies_the_new_learning_rate_and_takes_over_a_stale_lock(cnp_checkpoint, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    run = tmp_path / "ckpt"
+    copy_of(run / "last.ckpt", cnp_checkpoint)
+    (run / "config.yaml").write_text("kept: true\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run / ".gridtnp.lock").write_text(f"{dead.pid} {os.uname().nodename}")
+    main(["fit", "--config", CNP, *QUIET, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+          "--plots.every_n_validations", "0", "--checkpoint.dirpath", str(run), "--model.init_args.lr", "0.002",
+          "--trainer.default_root_dir", str(tmp_path / "root")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"from process {dead.pid}, which is no longer running" in out
+    assert "resumed with the recipe's learning rate 0.002" in out
+    state = torch.load(run / "last.ckpt", weights_only=False)
+    assert state["global_step"] == 2 and state["optimizer_states"][0]["param_groups"][0]["lr"] == 0.002
+    assert "lr: 0.002" in (run / "config.yaml").read_text() and not (run / ".gridtnp.lock").exists()
+
+
+def test_test_time_model_options_apply_and_metrics_are_versioned(cnp_checkpoint, tmp_path):
+    from gridtnp.cli import GridTNPCLI
+
+    ckpt = copy_of(tmp_path / "ckpt" / "last.ckpt", cnp_checkpoint)
+    args = eval_args("test", ckpt, tmp_path)
+    weighted = GridTNPCLI(args=[*args, "--model.init_args.cos_latitude_weighting", "true"])
+    assert weighted.model.latitude_dim == 0  # the checkpoint's hyper-parameters did not undo the option
+    GridTNPCLI(args=args)
+    GridTNPCLI(args=args)  # the same settings again: replaces its own file
+    assert sorted(p.name for p in ckpt.parent.glob("*.json")) == ["last.test_metrics.1.json", "last.test_metrics.json"]
+
+
+def test_the_table_holds_every_case():
+    assert len(CASES) + len(API_CASES) >= 60
+
+
+def test_predict_decodes_targets_in_chunks_with_the_same_result():
+    from gridtnp.predictions import predict
+
+    module = station_module()
+    context = {"grid": hourly([1, 2], True), "stations": hourly([1, 2], False)}
+    whole = predict(module, context, TARGETS, batch_dim="time")
+    chunked = predict(module, context, TARGETS, batch_dim="time", target_chunk=4)  # 2 targets per task and pass
+    np.testing.assert_allclose(chunked["mean"].values, whole["mean"].values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(chunked["std"].values, whole["std"].values, rtol=1e-5, atol=1e-6)
+
+
+def test_machine_limits_and_read_only_paths_are_one_line():
+    import errno
+
+    import torch
+    from jsonargparse import Namespace
+
+    from gridtnp.cli.guards import environment_error_line
+    from gridtnp.redaction import REDACTED, redact
+
+    assert "out of memory" in environment_error_line(torch.OutOfMemoryError("CUDA out of memory. Tried 40 GiB"))
+    assert "out of memory" in environment_error_line(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
+    assert "batch_size" in environment_error_line(MemoryError())
+    line = environment_error_line(OSError(errno.EROFS, "Read-only file system", "out.zarr"))
+    assert line == "cannot write out.zarr: Read-only file system. Choose a writable path."
+    assert environment_error_line(KeyError("a bug")) is None  # anything else keeps its traceback
+    config = Namespace(data=Namespace(init_args=Namespace(storage_options={"token": "s3cr3t"}, store="gs://b")))
+    assert redact(config).data.init_args.storage_options == {"token": REDACTED}
+    assert config.data.init_args.storage_options == {"token": "s3cr3t"}
+
+
+class RemoteSynthetic(__import__("gridtnp.data", fromlist=["SyntheticDataModule"]).SyntheticDataModule):
+    """The synthetic tasks behind fsspec options, as a remote store's DataModule takes them.
+
+    Args:
+        storage_options: fsspec options (credentials).
+        **kwargs: ``SyntheticDataModule``'s arguments.
+    """
+
+    def __init__(self, storage_options: dict | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.storage_options = storage_options
+
+
+def test_a_token_reaches_no_output_file(tmp_path):
+    recipe = tmp_path / "remote.yaml"
+    recipe.write_text(
+        Path(CNP).read_text().replace("gridtnp.data.SyntheticDataModule", "tests.test_cli_errors.RemoteSynthetic")
+        + "    storage_options: {token: s3cr3t-token, project: demo}\n"
+    )
+    common = [
+        "--config",
+        str(recipe),
+        "--trainer.enable_progress_bar",
+        "false",
+        *SMALL_DATA,
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        "--checkpoint.dirpath",
+        str(tmp_path / "ckpt"),
+    ]
+    main(["fit", *common, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+          "--plots.every_n_validations", "0"])  # fmt: skip
+    main(["predict", *common, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"),
+          "--predictions.path", str(tmp_path / "pred.nc")])  # fmt: skip
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != recipe]
+    assert {"config.yaml", "last.ckpt", "hparams.yaml", "pred.nc"} <= {p.name for p in written}
+    leaked = [str(p.relative_to(tmp_path)) for p in written if b"s3cr3t" in p.read_bytes()]
+    assert not leaked
+
+
+def test_ckpt_path_last_finds_the_newest_checkpoint(cnp_checkpoint, tmp_path, capsys):
+    from gridtnp.cli import GridTNPCLI
+
+    ckpt = copy_of(tmp_path / "ckpt" / "last.ckpt", cnp_checkpoint)
+    cli = GridTNPCLI(
+        args=eval_args("test", None, tmp_path, "--ckpt_path", "last", "--checkpoint.dirpath", str(ckpt.parent))
+    )
+    assert cli.trainer.ckpt_path == str(ckpt) and f"last checkpoint: {ckpt}" in capsys.readouterr().out

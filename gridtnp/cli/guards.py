@@ -4,12 +4,17 @@
 * ``argument_error_line(err, argv)``: jsonargparse's multi-line errors as one line, with the closest valid name.
 * ``find_config_error(err)``: the ``ConfigError`` / ``CheckpointError`` in an exception's chain, if any.
 * ``is_plot_folder(path)``: whether ``gridtnp plot`` may replace ``path``.
+* ``check_trainer_options(config)``, ``infer_monitor_mode(checkpoint)``, ``count_limits(trainer, argv)``:
+  trainer / checkpoint values checked (or read as meant) before anything is built;
+  ``command_line_model_keys(argv)``: the ``--model.*`` given.
+* ``environment_error_line(err)``: memory, read-only paths and Lightning's option checks as one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import inspect
 import os
@@ -75,6 +80,15 @@ def is_plot_folder(path: Path) -> bool:
 def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
     """One line from jsonargparse's multi-line error: what was wrong, where, and the closest valid name."""
     text = str(err)
+    config = _recipe_argument(argv)
+    if text.startswith("Problems parsing config"):
+        where = re.search(r"line (\d+), column (\d+)", text)
+        detail = " ".join(line.strip() for line in text.splitlines()[1:] if "<unicode string>" not in line)
+        place = f" at line {where[1]}, column {where[2]}" if where else ""
+        tabs = " (YAML indents with spaces, not tabs)" if "\t" in _read(config) else ""
+        return f"--config {config}: not valid YAML{place}: {detail or text.splitlines()[0]}{tabs}."
+    if text.strip() == "Unexpected config:":
+        return f"--config {config}: the recipe is empty (or not a YAML mapping); expected model:, data:, trainer: ..."
     option = re.search(r"class_path '([\w.]+)':\s+Option '([\w.]+)' is not accepted", text)
     if option:
         path, name = option.groups()
@@ -109,6 +123,20 @@ def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
     return text.splitlines()[0]
 
 
+def _recipe_argument(argv: list[str]) -> str:
+    """The last ``--config`` file on the command line (the one a parse error is most likely in)."""
+    files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    files += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    return files[-1] if files else "(recipe)"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def find_config_error(err: BaseException | None) -> ConfigError | CheckpointError | None:
     """The first ``ConfigError`` or ``CheckpointError`` in an exception's chain of causes and contexts."""
     seen = set()
@@ -118,3 +146,121 @@ def find_config_error(err: BaseException | None) -> ConfigError | CheckpointErro
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+#: Metrics where lower is better (the checkpoint monitor keeps the lowest); names starting "loglik" are higher-better.
+LOWER_IS_BETTER = ("rmse", "mae", "crps", "loss", "mean_z2")
+
+
+def infer_monitor_mode(checkpoint: Any) -> None:
+    """Set ``--checkpoint.mode`` from the monitored metric: ``min`` for rmse / mae / crps / loss, ``max`` for loglik.
+
+    gridtnp's default mode (``max``, for ``val/loglik``) would keep the worst model of a lower-is-better metric; a
+    ``min`` asked for a log-likelihood is refused.
+    """
+    monitor = checkpoint.get("monitor") if checkpoint else None
+    if not monitor:
+        return
+    name = str(monitor).rsplit("/", 1)[-1]
+    lower = name.startswith(LOWER_IS_BETTER) or "_rmse" in name or name.endswith("loss")
+    mode = checkpoint.get("mode")
+    if lower and mode != "min":
+        checkpoint["mode"] = "min"
+        print(f"gridtnp: --checkpoint.monitor {monitor}: keeping the lowest (mode min)", flush=True)
+    elif name.startswith("loglik") and mode == "min":
+        raise ConfigError(
+            f"--checkpoint.mode min with --checkpoint.monitor {monitor} would keep the worst model (a log-likelihood "
+            "is higher when better); use mode max."
+        )
+
+
+def check_trainer_options(config: Any) -> None:
+    """Trainer, seed and checkpoint values that Lightning rejects with a traceback (or reads otherwise than meant)."""
+    trainer = config.get("trainer") or {}
+    max_steps = trainer.get("max_steps")
+    if max_steps is not None and max_steps < -1:
+        raise ConfigError(f"--trainer.max_steps must be >= 0, or -1 for no limit; got {max_steps}.")
+    max_time = trainer.get("max_time")
+    if isinstance(max_time, str) and not re.fullmatch(r"\d+:\d{1,2}:\d{1,2}:\d{1,2}", max_time.strip()):
+        raise ConfigError(
+            f"--trainer.max_time {max_time!r}: expected days:hours:minutes:seconds, e.g. 00:12:00:00 for 12 hours "
+            "(or a number of seconds in a recipe: {seconds: 30})."
+        )
+    if trainer.get("enable_checkpointing") is False and config.get("subcommand", "fit") in ("fit", None):
+        raise ConfigError(
+            "--trainer.enable_checkpointing false: gridtnp fit always writes last.ckpt (to resume and to test from); "
+            "write it less often with --checkpoint.last_every_n_steps, or keep no best with --checkpoint.save_top_k 0."
+        )
+    precision = str(trainer.get("precision"))
+    if precision in ("64", "64-true", "double"):
+        raise ConfigError(
+            f"--trainer.precision {precision}: gridtnp's data and models run in 32-bit (or bf16-mixed / 16-mixed); "
+            "use 32-true."
+        )
+    dirpath = (config.get("checkpoint") or {}).get("dirpath")
+    if dirpath and Path(dirpath).exists() and not Path(dirpath).is_dir():
+        raise ConfigError(f"--checkpoint.dirpath {dirpath} is a file, not a folder; choose a folder.")
+
+
+def count_limits(trainer: Any, argv: list[str]) -> None:
+    """``--trainer.limit_*_batches N`` written as a whole number is N batches, not the fraction N (jsonargparse reads
+    ``1`` as the float 1.0, which Lightning takes for 100 %)."""
+    for option in ("limit_val_batches", "limit_train_batches", "limit_test_batches", "limit_predict_batches"):
+        given = _command_line_value(argv, f"--trainer.{option}")
+        if given is not None and re.fullmatch(r"\d+", given.strip()):
+            trainer[option] = int(given)
+
+
+def _command_line_value(argv: list[str], option: str) -> str | None:
+    """The last value given to ``option`` on the command line (``--opt v`` or ``--opt=v``), or None."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(option + "="):
+            value = token.split("=", 1)[1]
+    return value
+
+
+def command_line_model_keys(argv: list[str]) -> list[str]:
+    """The model arguments given on the command line (``--model.init_args.lr 1e-3`` or ``--model.lr=1e-3``)."""
+    keys = []
+    for token in argv:
+        if token.startswith("--model."):
+            key = token.removeprefix("--model.").split("=", 1)[0].removeprefix("init_args.").split(".")[0]
+            if key and key not in ("class_path", "init_args", "dict_kwargs"):
+                keys.append(key)
+    return list(dict.fromkeys(keys))
+
+
+def environment_error_line(err: BaseException) -> str | None:
+    """One line for errors that are facts of the machine or of Lightning's option checks, not gridtnp bugs: memory,
+    read-only or missing paths, Lightning's misconfiguration errors. None for anything else."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    out_of_memory = isinstance(err, MemoryError | torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+    )
+    if out_of_memory:
+        return (
+            f"out of memory ({text[:160] or 'MemoryError'}): the batch or prediction grid is too large for this "
+            "machine; use a smaller --data.init_args.batch_size or fewer target points."
+        )
+    if isinstance(err, PermissionError | IsADirectoryError | NotADirectoryError | FileExistsError) or (
+        isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.ENOSPC)
+    ):
+        where = f" {err.filename}" if getattr(err, "filename", None) else ""
+        return f"cannot write{where}: {err.strerror or text}. Choose a writable path."
+    if isinstance(err, MisconfigurationException) or (isinstance(err, ValueError) and _raised_by_lightning(err)):
+        return f"{text} (Lightning)"
+    return None
+
+
+def _raised_by_lightning(err: BaseException) -> bool:
+    tb = err.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and f"{os.sep}lightning{os.sep}" in last

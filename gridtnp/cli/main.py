@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import json
 import os
 import signal
@@ -27,9 +28,20 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from gridtnp.cli.guards import argument_error_line, check_checkpoint_model, find_config_error, is_plot_folder
-from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party
+from gridtnp.cli.guards import (
+    argument_error_line,
+    check_checkpoint_model,
+    check_trainer_options,
+    command_line_model_keys,
+    count_limits,
+    environment_error_line,
+    find_config_error,
+    infer_monitor_mode,
+    is_plot_folder,
+)
+from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party, versioned_path
 from gridtnp.files import check_output, is_url
+from gridtnp.redaction import redact
 from gridtnp.registry import KINDS, ConfigError, available, describe, document
 from gridtnp.training.checkpointing import (
     LOGGER_VERSION,
@@ -38,7 +50,9 @@ from gridtnp.training.checkpointing import (
     best_checkpoint,
     checkpoint_entry,
     checkpoint_step,
+    lock_directory,
     resume_checkpoint,
+    unlock_directory,
 )
 
 __all__ = ["GridTNPCLI", "main"]
@@ -103,6 +117,7 @@ class GridTNPCLI(LightningCLI):
         """Parse as LightningCLI does; ``--print_config`` prints the config with the model's components expanded
         (preset resolved, every argument of every slot with the value the model builds it with) and exits."""
         argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
+        self.argv = argv or []
         if argv is None or not any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
             super().parse_arguments(parser, args)
             return
@@ -131,20 +146,41 @@ class GridTNPCLI(LightningCLI):
         if ckpt_path is not None and ckpt_path != config.get("ckpt_path") and rank_zero:
             step = checkpoint_step(ckpt_path)
             print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
+        if ckpt_path not in (None, "last") and os.path.isfile(ckpt_path):
+            # Before anything is written (config.yaml, logs): a recipe that changed the network is one line.
+            check_checkpoint_model(ckpt_path, self.config[self.subcommand].get("model"))
         config["ckpt_path"] = ckpt_path
+        if rank_zero:
+            self.locks = [lock_directory(d) for d in explicit_dirs]
         version = checkpoint_entry(ckpt_path, LOGGER_VERSION) if ckpt_path not in (None, "last") else None
         logger = self.trainer.logger
         if version is not None and isinstance(logger, TensorBoardLogger) and logger.version != version:
             # Continue the run's TensorBoard folder instead of starting version_N+1 (one continuous curve).
-            self.trainer.loggers = [TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version)]
+            self.trainer.loggers = [
+                redacting(TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version))
+            ]
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        subcommand = self.config_init.get("subcommand")
+        count_limits((self.config_init[subcommand] if subcommand else self.config_init)["trainer"], self.argv)
+        trainer = super().instantiate_trainer(**kwargs)
+        for logger in trainer.loggers:
+            redacting(logger)
+        return trainer
 
     def before_instantiate_classes(self) -> None:
-        """Trainer values Lightning would reject with a traceback: one line instead."""
+        """Trainer and checkpoint values Lightning would reject with a traceback (or take silently): one line."""
         subcommand = self.config.get("subcommand")
-        trainer = (self.config[subcommand] if subcommand else self.config).get("trainer") or {}
-        max_steps = trainer.get("max_steps")
-        if max_steps is not None and max_steps < -1:
-            raise ConfigError(f"--trainer.max_steps must be >= 0, or -1 for no limit; got {max_steps}.")
+        config = self.config[subcommand] if subcommand else self.config
+        check_trainer_options(config)
+        infer_monitor_mode(config.get("checkpoint"))
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:
+            for lock in getattr(self, "locks", []):
+                unlock_directory(lock)
 
     def after_fit(self) -> None:
         """A run stopped by SIGTERM / SIGINT exits with status 128 + signal, after saying where it stopped."""
@@ -166,20 +202,44 @@ class GridTNPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
         ckpt_path = config.get("ckpt_path") if config else None
-        if ckpt_path is None and subcommand in ("test", "predict") and not config.get("allow_untrained"):
+        evaluating = subcommand in ("validate", "test", "predict")
+        if evaluating and ckpt_path == "hpc":
             raise ConfigError(
-                f"gridtnp {subcommand} needs --ckpt_path CHECKPOINT: without one it would score the model's "
+                f"--ckpt_path hpc only resumes `gridtnp fit` under SLURM; give gridtnp {subcommand} a checkpoint file, "
+                "'best' or 'last' (with --checkpoint.dirpath)."
+            )
+        if evaluating and ckpt_path == "last":
+            dirpath = (config.get("checkpoint") or {}).get("dirpath")
+            root = (config.get("trainer") or {}).get("default_root_dir")
+            found = resume_checkpoint("last", [dirpath] if dirpath else [], root)
+            ckpt_path = config["ckpt_path"] = None if found is None else str(found)
+            if ckpt_path is not None and rank_zero_only.rank == 0:
+                print(f"gridtnp: last checkpoint: {ckpt_path}", flush=True)
+        if ckpt_path is None and evaluating and not config.get("allow_untrained"):
+            found = " (--ckpt_path last found no checkpoint)" if config.get("ckpt_path") is None else ""
+            raise ConfigError(
+                f"gridtnp {subcommand} needs --ckpt_path CHECKPOINT{found}: without one it would score the model's "
                 "untrained initial weights (pass --allow_untrained true to do that on purpose)."
             )
-        if ckpt_path == "best" and subcommand in ("validate", "test", "predict"):
+        if ckpt_path == "best" and evaluating:
             ckpt_path = config["ckpt_path"] = self._best_checkpoint(config)
         special = ckpt_path in (None, "last", "best", "hpc") or str(ckpt_path).startswith("registry")
+        given: dict[str, Any] = {}
         if not special and not is_url(ckpt_path):
             if not os.path.isfile(ckpt_path):
                 raise ConfigError(f"--ckpt_path {ckpt_path}: no such file.")
-            resume_checkpoint(ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
+            resume_checkpoint(ckpt_path, [], None)  # a truncated, corrupt or unsafe file is an error naming it
             check_checkpoint_model(ckpt_path, config.get("model"))
+            init_args = (config.get("model") or {}).get("init_args")
+            if evaluating and init_args is not None:
+                given = {k: init_args[k] for k in command_line_model_keys(getattr(self, "argv", [])) if k in init_args}
         super()._parse_ckpt_path()
+        if given:
+            # LightningCLI replaced the model arguments by the checkpoint's; the ones given on the command line
+            # (e.g. cos_latitude_weighting at test time) apply, as the README says.
+            init_args = self.config[subcommand]["model"]["init_args"]
+            for key, value in given.items():
+                init_args[key] = value
 
     @staticmethod
     def _best_checkpoint(config: Any) -> str:
@@ -218,17 +278,32 @@ class GridTNPCLI(LightningCLI):
         if not self.trainer.is_global_zero or not metrics:
             return
         path = metrics_path(self.trainer.ckpt_path, self.trainer.log_dir or self.trainer.default_root_dir, "test")
-        configs = self.config[self.subcommand].get("config") or []
+        config = self.config[self.subcommand]
+        configs = config.get("config") or []
+        settings = json.dumps(redact(config.as_dict()), sort_keys=True, default=str)
         record = {
             "split": "test",
             "checkpoint": None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path),
             "config": [str(c) for c in configs],
+            "settings_digest": hashlib.sha256(settings.encode()).hexdigest()[:16],
             "metrics": metrics,
         }
+        path = versioned_path(path, record["settings_digest"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(format_metrics(metrics, "test"))
         print(f"gridtnp: test metrics written to {path}")
+
+
+def redacting(logger: Any) -> Any:
+    """``logger`` with credentials replaced in the hyper-parameters it records (``hparams.yaml``)."""
+    log_hyperparams = logger.log_hyperparams
+
+    def log_redacted(params: Any, *args: Any, **kwargs: Any) -> Any:
+        return log_hyperparams(redact(params), *args, **kwargs)
+
+    logger.log_hyperparams = log_redacted
+    return logger
 
 
 def trainer_defaults() -> dict[str, Any]:
@@ -418,8 +493,8 @@ def main(argv: list[str] | None = None) -> None:
         # jsonargparse re-raises errors from a model's __init__ wrapped in its own ValueError:
         # report the ConfigError underneath (it says what to fix) instead of a traceback.
         config_error = find_config_error(err)
-        if config_error is None:
+        line = str(config_error) if config_error is not None else environment_error_line(err)
+        if line is None:
             raise
-        print(f"gridtnp: error: {config_error}", file=sys.stderr)
+        print(f"gridtnp: error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
-

@@ -1,13 +1,15 @@
 """What the CLI prints and logs: the test metric table and its JSON path, plain progress lines off a terminal, and
 the third-party messages it filters.
 
-* ``metrics_path(ckpt, fallback_dir, split)``, ``format_metrics(metrics, split)``: ``gridtnp test``'s outputs.
+* ``metrics_path(ckpt, fallback_dir, split)``, ``versioned_path(path, digest)``, ``format_metrics(metrics, split)``:
+  ``gridtnp test``'s outputs (a run with other settings writes ``<name>.1.json``, ... beside the first).
 * ``ProgressLog``: a callback printing one line every N steps when there is no progress bar.
 * ``quiet_third_party(subcommand)``: warnings and log lines a gridtnp user cannot act on, filtered with the reason.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -25,6 +27,21 @@ def metrics_path(ckpt_path: str | os.PathLike | None, fallback_dir: str | os.Pat
         ckpt = Path(ckpt_path)
         return ckpt.with_name(f"{ckpt.stem}.{split}_metrics.json")
     return Path(fallback_dir) / f"{split}_metrics.json"
+
+
+def versioned_path(path: Path, digest: str) -> Path:
+    """``path``, or when it holds metrics of a run with other settings (``settings_digest``), the first free
+    ``<name>.N.json``: a second ``gridtnp test`` with other options never replaces the first's metrics."""
+    candidate, n = path, 0
+    while candidate.exists():
+        try:
+            if json.loads(candidate.read_text()).get("settings_digest") == digest:
+                return candidate  # the same settings again: replaced
+        except (OSError, ValueError, AttributeError):
+            pass
+        n += 1
+        candidate = path.with_name(f"{path.stem}.{n}{path.suffix}")
+    return candidate
 
 
 def format_metrics(metrics: dict[str, float], split: str) -> str:
@@ -84,6 +101,7 @@ class ProgressLog(L.Callback):
     def __init__(self, every_n_steps: int = 50) -> None:
         self.every_n_steps = every_n_steps
         self.start = 0.0
+        self.printed = -1
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start = time.monotonic()
@@ -92,6 +110,9 @@ class ProgressLog(L.Callback):
         step = trainer.global_step
         if trainer.progress_bar_callback is not None or not self.every_n_steps or step % self.every_n_steps:
             return
+        if step == 0 or step == self.printed:  # with gradient accumulation, several batches end on one step
+            return
+        self.printed = step
         if trainer.is_global_zero:
             loss = trainer.callback_metrics.get("train/loss")
             total = f"/{trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else ""

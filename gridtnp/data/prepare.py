@@ -36,6 +36,7 @@ import dask
 import numpy as np
 import xarray as xr
 
+from gridtnp.data.input_checks import check_units, check_writable, normalise_checked
 from gridtnp.data.inventory import CHUNKS_ATTR, inventory
 from gridtnp.data.layout import (
     DIMS,
@@ -44,7 +45,6 @@ from gridtnp.data.layout import (
     DataError,
     coverage,
     iso,
-    normalise,
     select_time,
 )
 from gridtnp.files import is_url, remove_path, replacing
@@ -90,8 +90,9 @@ def open_sources(
         parts = []
         for path in paths:
             opened.append(open_source(path))
-            part = normalise(opened[-1], str(path))
+            part = normalise_checked(opened[-1], str(path))
             parts.append(part.chunk({dim: (time_chunk if dim == "time" else -1) for dim in part.dims}))
+        check_units(parts, paths)
         ds = parts[0] if len(parts) == 1 else _combine(parts, paths)
         ds = ds[_pick_variables(ds, variables, names)]
     except BaseException:
@@ -202,6 +203,7 @@ def prepare(
     if time_chunk is not None and time_chunk < 1:
         raise DataError(f"--time-chunk {time_chunk}: expected a positive number of time steps per chunk.")
     _check_target(out_path, overwrite)
+    check_writable(out_path, "--out")
 
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]

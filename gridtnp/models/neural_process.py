@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributions import Distribution
+from torch.distributions import Distribution, Normal
 
 from gridtnp.batch import DEFAULT_SOURCE, Observations
 from gridtnp.nn.grids import Grid, as_grid
@@ -33,6 +33,10 @@ from gridtnp.registry import build as build_component
 
 SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
 MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid", "residual")
+
+
+#: Target points (summed over tasks) decoded in one pass when predicting (``forward_chunked``).
+TARGET_CHUNK = 2**16
 
 
 class NeuralProcess(nn.Module):
@@ -64,6 +68,27 @@ class NeuralProcess(nn.Module):
     def forward(self, context: dict[str, Observations], xt: Tensor) -> Distribution:
         """Predictive distribution at ``xt [B, Nt, Dx]`` given ``context`` (padded, masked sets)."""
         self._check_inputs(context, xt)
+        return self._decode(*self._encode(context), xt)
+
+    def forward_chunked(self, context: dict[str, Observations], xt: Tensor, chunk: int) -> Distribution:
+        """``forward`` with the targets ``xt [B, Nt, Dx]`` decoded ``chunk`` at a time: the context is encoded and
+        processed once, and memory grows with ``chunk`` rather than ``Nt`` (targets are conditionally independent
+        given the context, so the result equals ``forward``'s). Needs a Gaussian predictive."""
+        self._check_inputs(context, xt)
+        if xt.shape[1] <= chunk:
+            return self._decode(*self._encode(context), xt)
+        encoded = self._encode(context)
+        means, stds = [], []
+        for start in range(0, xt.shape[1], chunk):
+            dist = self._decode(*encoded, xt[:, start : start + chunk])
+            if not isinstance(dist, Normal):
+                raise TypeError(f"forward_chunked needs a Gaussian predictive; got {type(dist).__name__}.")
+            means.append(dist.mean)
+            stds.append(dist.stddev)
+        return Normal(torch.cat(means, 1), torch.cat(stds, 1))
+
+    def _encode(self, context: dict[str, Observations]) -> tuple[Any, Any, Any]:
+        """The context's tokens, its valid observations by source and the processor's states."""
         tokens, observed = {}, {}
         for name, obs in context.items():
             # Points with a NaN or inf in x or y are missing observations: masked out, and zeroed so that
@@ -73,11 +98,14 @@ class NeuralProcess(nn.Module):
             y = torch.where(valid.unsqueeze(-1), single(obs.y), 0.0)
             tokens[name] = Tokens(x, self.encoders[name](x, y), valid)
             observed[name] = (x, y, valid)
+        latent = self.grid_encoder(tokens)
+        return tokens, observed, self.processor(latent)
+
+    def _decode(self, tokens: Any, observed: Any, states: Any, xt: Tensor) -> Distribution:
+        """The predictive at ``xt [B, Nt, Dx]`` from ``_encode``'s outputs."""
         # Padded target slots may hold anything; real targets with a non-finite location are refused where batches
         # are made (gridtnp.batch.Batch), without a device sync here.
         xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
-        latent = self.grid_encoder(tokens)
-        states = self.processor(latent)
         zt = self.encoders[self.target_source](xt, None)
         base = near = None
         if self.residual is not None:

@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import threading
 import zipfile
 from collections.abc import Iterable
@@ -35,6 +36,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gridtnp.files import atomic_write, is_url, remove_path
+from gridtnp.redaction import redact
+from gridtnp.registry import ConfigError
 
 PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
 CONFIG_NAME = "config.yaml"
@@ -97,6 +100,25 @@ def verify_checkpoint(path: str | os.PathLike) -> str | None:
     return None
 
 
+def unusable_reason(path: str | os.PathLike) -> str | None:
+    """``None`` if ``path`` is an intact checkpoint that loads safely (``weights_only``) and holds a training
+    state (``state_dict``, ``global_step``), else what is wrong: damage, unsafe pickled objects or a foreign file."""
+    reason = verify_checkpoint(path)
+    if reason is not None:
+        return reason
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return (
+            f"not loadable safely: it holds Python objects other than tensors and plain values ({first[:120]}); "
+            "gridtnp loads only checkpoints that `gridtnp fit` wrote"
+        )
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
+        return "not a training checkpoint (no state_dict / global_step): a file `gridtnp fit` did not write"
+    return None
+
+
 def checkpoint_entry(path: str | os.PathLike, key: str) -> Any:
     """One top-level entry of a (verified) checkpoint, or None; tensors are memory-mapped, not read."""
     try:
@@ -141,7 +163,7 @@ def newest_valid_checkpoint(candidates: list[Path]) -> Path | None:
     """
     skipped: list[str] = []
     for path in candidates:
-        reason = verify_checkpoint(path)
+        reason = unusable_reason(path)
         if reason is None:
             if skipped:
                 rank_zero_warn(f"gridtnp: resuming from the previous checkpoint {path} instead of {skipped[0]}.")
@@ -150,7 +172,7 @@ def newest_valid_checkpoint(candidates: list[Path]) -> Path | None:
         rank_zero_warn(f"gridtnp: skipping checkpoint {path}: {reason}.")
     if skipped:
         raise CheckpointError(
-            f"no readable checkpoint to resume from; every candidate is corrupt or truncated: {skipped}. "
+            f"no readable checkpoint to resume from; every candidate is corrupt, truncated or foreign: {skipped}. "
             "Delete them (or pick a file with --ckpt_path) to start over."
         )
     return None
@@ -176,10 +198,10 @@ def resume_checkpoint(
     if str(ckpt_path) in ("best", "hpc", "registry") or str(ckpt_path).startswith("registry:"):
         return ckpt_path
     if not is_url(ckpt_path) and os.path.isfile(ckpt_path):
-        reason = verify_checkpoint(ckpt_path)
+        reason = unusable_reason(ckpt_path)
         if reason is not None:
             directory = Path(ckpt_path).parent
-            others = [str(p) for p in checkpoint_candidates([directory], None) if verify_checkpoint(p) is None]
+            others = [str(p) for p in checkpoint_candidates([directory], None) if unusable_reason(p) is None]
             hint = f" Readable checkpoints in {directory}: {others}." if others else ""
             raise CheckpointError(f"checkpoint {ckpt_path} is {reason}.{hint}")
     return ckpt_path
@@ -200,7 +222,7 @@ def best_checkpoint(dirpath: str | os.PathLike) -> tuple[Path, str, float | None
         if not best:
             continue
         path = Path(best)
-        if not path.is_file() and (Path(dirpath) / path.name).is_file():  # the folder was moved since
+        if not path.is_file() or not _inside(path, dirpath):  # the folder was moved since, or a foreign path
             path = Path(dirpath) / path.name
         if not path.is_file():
             raise CheckpointError(f"--ckpt_path best: {newest} names {best} as the best checkpoint, which is gone.")
@@ -210,6 +232,93 @@ def best_checkpoint(dirpath: str | os.PathLike) -> tuple[Path, str, float | None
         f"--ckpt_path best: {newest} records no best checkpoint (no validation ran, or no monitored metric); "
         "use --ckpt_path with a file."
     )
+
+
+def _inside(path: Path, directory: str | os.PathLike) -> bool:
+    """Whether ``path`` lies in ``directory`` (symbolic links and ``..`` resolved)."""
+    return Path(path).resolve().parent == Path(directory).resolve()
+
+
+def check_filename(filename: str | None) -> None:
+    """Refuse a ``--checkpoint.filename`` that would write outside the checkpoint directory."""
+    if filename and (os.path.isabs(filename) or ".." in Path(filename).parts):
+        raise ConfigError(
+            f"--checkpoint.filename {filename!r} leads outside the checkpoint directory; give a plain file name "
+            "(e.g. '{epoch}-{step}') and choose the folder with --checkpoint.dirpath."
+        )
+
+
+LOCK_NAME = ".gridtnp.lock"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_directory(directory: str | os.PathLike) -> Path | None:
+    """Take ``directory``'s lock file (``.gridtnp.lock``: process id, host, SLURM job id) for a ``fit`` writing there.
+
+    A lock held by a live process on this host (or by any process on another host, unless it is an earlier run of
+    the same SLURM job, requeued) is a ``CheckpointError``; a lock left by a process that no longer runs is taken
+    over with a line saying so. Returns the lock's path (None
+    for a remote directory); ``unlock_directory`` removes it.
+    """
+    if is_url(directory):
+        return None
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"--checkpoint.dirpath {directory} is a file, not a folder; choose a folder.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--checkpoint.dirpath {directory}: cannot create it ({err.strerror}).") from err
+    if not os.access(directory, os.W_OK):
+        raise ConfigError(f"--checkpoint.dirpath {directory} is not writable; choose a writable folder.")
+    host, job = socket.gethostname(), os.environ.get("SLURM_JOB_ID", "-")
+    path, mine = directory / LOCK_NAME, f"{os.getpid()} {host} {job}"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        owner = path.read_text().split() if path.is_file() else []
+        pid = int(owner[0]) if owner and owner[0].isdigit() else None
+        other_host = owner[1] if len(owner) > 1 and owner[1] != host else None
+        # A requeued SLURM job (same job id) may start on another node: its earlier run is over.
+        requeued = job != "-" and len(owner) > 2 and owner[2] == job
+        alive = other_host is not None or (pid is not None and _process_alive(pid))
+        if pid is not None and pid != os.getpid() and alive and not requeued:
+            where = f" on {other_host}" if other_host else ""
+            raise CheckpointError(
+                f"--checkpoint.dirpath {directory} is in use by a running gridtnp fit (process {pid}{where}; lock "
+                f"file {path}): two runs would overwrite each other's last.ckpt. Wait for it to finish, or give this "
+                "run another --checkpoint.dirpath (delete the lock file if that run is known to be gone)."
+            ) from None
+        if pid != os.getpid():
+            print(
+                f"gridtnp: taking over the lock of {directory} from process {pid}, which is no longer running",
+                flush=True,
+            )
+        atomic_write(path, lambda f: f.write(mine.encode()))
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(mine)
+    return path
+
+
+def unlock_directory(path: Path | None) -> None:
+    """Remove a lock file ``lock_directory`` took, if it is still this process's."""
+    if path is None:
+        return
+    try:
+        if path.read_text().split()[:1] == [str(os.getpid())]:
+            path.unlink()
+    except (OSError, IndexError):
+        pass
 
 
 def rng_state() -> dict[str, Any]:
@@ -269,9 +378,13 @@ class Checkpoint(ModelCheckpoint):
     """
 
     def __init__(self, *, last_every_n_steps: int | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        check_filename(kwargs.get("filename"))
         if last_every_n_steps is not None and last_every_n_steps < 1:
-            raise ValueError(f"Checkpoint: last_every_n_steps must be >= 1 or None; got {last_every_n_steps}.")
+            raise ConfigError(
+                f"--checkpoint.last_every_n_steps must be >= 1 (or null: only at epoch ends and validations); got "
+                f"{last_every_n_steps}."
+            )
+        super().__init__(**kwargs)
         self.last_every_n_steps = last_every_n_steps
         self._last_written_step = -1
         self._pending_rng: dict[str, Any] | None = None
@@ -361,6 +474,9 @@ class Checkpoint(ModelCheckpoint):
         self._restore_handlers()  # also when training ended by an exception
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+            if key in checkpoint:  # a copy: the live hyper-parameters keep the credentials the run needs
+                checkpoint[key] = redact(checkpoint[key])
         checkpoint["gridtnp_rng"] = _all_gather_objects(trainer, rng_state())
         if trainer.logger is not None and trainer.logger.version is not None:
             # A resumed run logs on into the same folder (the CLI reads this back), so its curves do not split.
@@ -379,7 +495,28 @@ class Checkpoint(ModelCheckpoint):
 
 
 class SaveConfig(SaveConfigCallback):
-    """LightningCLI's config saver that also writes the resolved config beside the checkpoints when fitting."""
+    """LightningCLI's config saver that also writes the resolved config beside the checkpoints when fitting.
+
+    Credentials (``gridtnp.redaction``) are replaced in every saved copy. When fitting, nothing is written until
+    training starts, after a resumed checkpoint has been restored: a resume that fails leaves the saved recipe
+    beside the checkpoints as it was (it still describes them).
+    """
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            return  # written in on_train_start
+        self._save(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer, pl_module, "fit")
+
+    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        config = self.config
+        self.config = redact(config)
+        try:
+            super().setup(trainer, pl_module, stage)
+        finally:
+            self.config = config
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":

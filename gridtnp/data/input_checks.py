@@ -1,0 +1,108 @@
+"""Checks on ``gridtnp data prepare``'s inputs that would otherwise give a wrong store without a word.
+
+* ``normalise_checked(ds, source)``: ``check_coordinates`` (no NaT time, no NaN latitude or longitude), then
+  ``gridtnp.data.layout.normalise``, then ``check_part``.
+* ``check_part(ds, source)``: one normalised input: a longitude axis without a jump (a 0-360 box across the date
+  line), at most one dimension besides ``time, latitude, longitude``, and each variable transposed to
+  ``[time, ..., latitude, longitude]``.
+* ``check_units(parts, paths)``: a variable held by several inputs has the same ``units`` in each.
+* ``check_writable(path, option)``: the output's folder can be written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, normalise
+
+
+def normalise_checked(ds: xr.Dataset, source: str) -> xr.Dataset:
+    """``normalise(ds)`` with the checks of ``check_coordinates`` before and ``check_part`` after it."""
+    return check_part(normalise(check_coordinates(ds, source), source), source)
+
+
+def check_coordinates(ds: xr.Dataset, source: str) -> xr.Dataset:
+    """Refuse missing values (NaT times, NaN latitudes or longitudes) in ``ds``'s coordinates, as stored."""
+    for canonical, aliases in COORD_ALIASES.items():
+        for name in ds.variables:
+            if str(name).lower() not in aliases:
+                continue
+            values = np.atleast_1d(ds[name].values)
+            if np.issubdtype(values.dtype, np.datetime64):
+                missing = int(np.isnat(values).sum())
+                if missing:
+                    raise DataError(
+                        f"{source}: {missing} {name} value(s) are missing (NaT); expected every time step dated."
+                    )
+            elif np.issubdtype(values.dtype, np.number) and not np.isfinite(values).all():
+                raise DataError(f"{source}: {canonical} has missing (NaN) values; expected every {canonical} given.")
+    return ds
+
+
+def check_part(ds: xr.Dataset, source: str) -> xr.Dataset:
+    """``ds`` with every variable in the documented dimension order; a ``DataError`` for what cannot be used."""
+    _check_longitudes(ds["longitude"].values.astype(np.float64), source)
+    order = {}
+    for name, var in ds.data_vars.items():
+        if not set(DIMS) <= set(var.dims):
+            continue
+        extra = [d for d in var.dims if d not in DIMS]
+        if len(extra) > 1:
+            raise DataError(
+                f"{source}: variable {name!r} has {len(extra)} dimensions besides time, latitude and longitude "
+                f"({', '.join(map(str, extra))}); a prepared store holds at most one (e.g. pressure level). Select "
+                f"one value of the others first (e.g. ds.sel({extra[0]}=...))."
+            )
+        wanted = ("time", *extra, "latitude", "longitude")
+        if var.dims != wanted:
+            order[name] = wanted
+    for name, wanted in order.items():
+        ds[name] = ds[name].transpose(*wanted)
+    return ds
+
+
+def _check_longitudes(lon: np.ndarray, source: str) -> None:
+    """A sorted, wrapped longitude axis with one step much wider than the rest: a box across the date line."""
+    if lon.size < 3:
+        return
+    steps = np.diff(lon)
+    typical = float(np.median(steps))
+    wide = int(np.argmax(steps))
+    if steps[wide] > 1.5 * typical + 1e-9 and lon[-1] - lon[0] + typical > 359.0:
+        raise DataError(
+            f"{source}: the longitudes cross the date line (after wrapping to [-180, 180) they run "
+            f"{lon[0]:g}..{lon[wide]:g} and {lon[wide + 1]:g}..{lon[-1]:g}, a {steps[wide]:g} degree jump inside the "
+            "axis); a prepared store keeps one regular axis in [-180, 180). Prepare the boxes on either side of "
+            "180E separately, or choose a box that does not cross it."
+        )
+
+
+def check_units(parts: Sequence[xr.Dataset], paths: Sequence[Any]) -> None:
+    """Refuse inputs that hold the same variable in different ``units`` (they would be mixed in one array)."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for part, path in zip(parts, paths, strict=True):
+        for name, var in part.data_vars.items():
+            units = str(var.attrs.get("units", "")).strip()
+            if str(name) not in seen:
+                seen[str(name)] = (units, path)
+                continue
+            first, first_path = seen[str(name)]
+            if units != first:
+                raise DataError(
+                    f"variable {name!r} is in {first or '(no units)'!r} in {first_path} and in "
+                    f"{units or '(no units)'!r} in {path}; expected the same units in every input. Convert one "
+                    "file first."
+                )
+
+
+def check_writable(path: Any, option: str) -> None:
+    """Refuse an output whose folder cannot be written (a read-only disk or folder), before any work is done."""
+    folder = Path(path).parent
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        raise DataError(f"{option} {path}: the folder {folder} is not writable; choose a writable location.")
