@@ -717,7 +717,8 @@ def test_a_predict_api_mistake_is_one_config_error(kwargs, message):
 def test_predict_api_pairs_sources_by_time_and_reads_times_in_utc():
     import pandas as pd
 
-    from gridtnp.predictions import predict, utc_times
+    from gridtnp.prediction_inputs import utc_times
+    from gridtnp.predictions import predict
     from gridtnp.registry import ConfigError
 
     module = station_module()

@@ -74,3 +74,11 @@ def test_link_parser():
         '![e](img.png "title") `[f](code.md)`\n[g]: ../README.md\n```\n[h](fenced.md)\n```\n'
     )
     assert link_targets(text) == ["docs/cli.md", "docs/data.md", "img.png", "../README.md"]
+
+
+def test_the_layout_names_every_module() -> None:
+    """docs/architecture.md's Layout lists every module of the package, so it cannot fall behind a new file."""
+    layout = (ROOT / "docs" / "architecture.md").read_text().split("## Layout", 1)[1]
+    modules = sorted(p for p in (ROOT / "gridtnp").rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    missing = [str(p.relative_to(ROOT)) for p in modules if p.name not in layout]
+    assert not missing, f"docs/architecture.md's Layout does not list: {missing}"

@@ -50,10 +50,9 @@ from gridtnp.training.checkpointing import (
     best_checkpoint,
     checkpoint_entry,
     checkpoint_step,
-    lock_directory,
     resume_checkpoint,
-    unlock_directory,
 )
+from gridtnp.training.locks import lock_directory, unlock_directory
 
 __all__ = ["GridTNPCLI", "main"]
 
