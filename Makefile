@@ -35,9 +35,9 @@ demo: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
-	$(BIN)/python -m pytest -q -m slow tests/test_scaleout.py
+	$(BIN)/python -m pytest -q -m slow tests/training/test_scaleout.py
 
-## Heavy checks excluded from the timed suite, with a real one-node Slurm (tests/test_slurm.py) where it can run.
+## Heavy checks excluded from the timed suite, with a real one-node Slurm (tests/training/test_slurm.py) where it can run.
 test-slow: install slurm
 	$(BIN)/python -m pytest -q -m slow
 
@@ -52,4 +52,4 @@ clean:
 slurm:
 	@command -v slurmctld >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge) \
-		|| echo "make slurm: Slurm could not be installed; tests/test_slurm.py will be skipped"
+		|| echo "make slurm: Slurm could not be installed; tests/training/test_slurm.py will be skipped"

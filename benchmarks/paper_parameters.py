@@ -3,7 +3,7 @@
     python benchmarks/paper_parameters.py              # Markdown table on stdout
     python benchmarks/paper_parameters.py table1       # only recipes whose name starts with table1
 
-The paper's count is read from each recipe's header (``Paper: ... X M parameters.``); tests/test_paper_recipes.py
+The paper's count is read from each recipe's header (``Paper: ... X M parameters.``); tests/models/test_paper_recipes.py
 checks those headers against the paper's tables and the 10 % tolerance. Builds the models only (seconds).
 """
 

@@ -34,8 +34,8 @@ def grid_coords(grid: Grid) -> list[list[float]]:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """How many bad inputs the table tests hold (``tests/test_cli_errors.py``), when they ran."""
-    module = sys.modules.get("tests.test_cli_errors")
+    """How many bad inputs the table tests hold (``tests/cli/test_cli_errors.py``), when they ran."""
+    module = sys.modules.get("tests.cli.test_cli_errors")
     if module is not None:
         cases = len(module.CASES) + len(module.API_CASES)
         terminalreporter.write_line(

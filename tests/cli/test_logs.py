@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "gp1d_tnp.yaml")
 WARNING_LINE = re.compile(r"\.py:\d+: |Warning:|warn", re.IGNORECASE)
 

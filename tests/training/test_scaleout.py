@@ -23,7 +23,7 @@ from gridtnp.data import SyntheticDataModule
 from gridtnp.nn.likelihoods import log_likelihood
 from tests.recording import fingerprint, read_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

@@ -14,7 +14,7 @@ from gridtnp.data.era5.blocks import BlockLayout, draw_layouts
 from gridtnp.data.store import normalisation_stats, open_store
 from gridtnp.predictions import predict
 from gridtnp.registry import ConfigError
-from tests.test_era5 import (
+from tests.data.test_era5 import (
     LAT,
     LON,
     datamodule,

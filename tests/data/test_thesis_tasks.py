@@ -15,7 +15,7 @@ from gridtnp.data.gp1d_multimodal import GP1DMultimodal, hadamard_covariance
 from gridtnp.models import build_model
 from gridtnp.registry import ConfigError, build_from_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_hadamard_covariance_is_the_task_covariance_times_the_se_kernel():

@@ -13,7 +13,7 @@ import yaml
 
 from gridtnp.models import build_model, count_parameters, create_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAINING_KEYS = (
     "lr",
     "weight_decay",
@@ -114,7 +114,7 @@ def test_every_recipe_is_listed():
     if new:
         message += [
             "recipe(s) without a parameter count: add these lines to RECIPE_PARAMETERS in "
-            "tests/test_recipe_parameters.py (the count is the recipe's model as it builds now):",
+            "tests/models/test_recipe_parameters.py (the count is the recipe's model as it builds now):",
             *(table_line(r) for r in new),
         ]
     if gone:

@@ -19,7 +19,7 @@ from gridtnp.nn.grids import Grid, coarsen_grid, great_circle, se_weights
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import build_from_spec
 from tests.conftest import grid_coords
-from tests.test_grid_decoders import offset_in_spacings
+from tests.nn.test_grid_decoders import offset_in_spacings
 
 GRID = Grid([-1.0, 0.0], [1.0, 6.0], [5, 6], roll=[False, True])  # spacing (0.5, 1.0), dim 1 rolled
 

@@ -18,7 +18,7 @@ from gridtnp.data import SyntheticDataModule
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def mean_val_loglik(module: NeuralProcessModule, data: SyntheticDataModule) -> float:

@@ -161,7 +161,7 @@ def test_cli_names_a_corrupt_checkpoint_without_a_traceback(tmp_path, capsys):
     ckpt = tmp_path / "model.ckpt"
     torch.save({"global_step": 1}, ckpt)
     truncate(ckpt)
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "gp1d_cnp.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "gp1d_cnp.yaml"
     with pytest.raises(SystemExit) as exit_info:
         main(["test", "--config", str(recipe), "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path)])
     assert exit_info.value.code == 2
@@ -177,7 +177,7 @@ def test_a_separate_test_process_finds_the_best_checkpoint(tmp_path, capsys):
 
     from gridtnp.cli import main
 
-    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "gp1d_cnp.yaml")
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes" / "gp1d_cnp.yaml")
     ckpt_dir = tmp_path / "ckpt"
     common = ["--config", recipe, "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
     common += ["--checkpoint.dirpath", str(ckpt_dir), "--data.init_args.batch_size", "4"]

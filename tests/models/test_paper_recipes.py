@@ -22,7 +22,7 @@ from gridtnp.nn.grid_encoders import AverageGridEncoder, PseudoTokenGridEncoder
 from gridtnp.nn.grids import Grid
 from gridtnp.nn.tokens import Latent, Tokens
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "recipes" / "paper"
 TRAINING_KEYS = ("lr", "weight_decay", "warmup_steps", "lr_schedule", "cos_latitude_weighting", "latitude_dim")
 TOLERANCE = 0.10

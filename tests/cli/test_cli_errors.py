@@ -13,7 +13,7 @@ import xarray as xr
 
 from gridtnp.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CNP = str(ROOT / "recipes" / "gp1d_cnp.yaml")
 TNP = str(ROOT / "recipes" / "gp1d_tnp.yaml")
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
@@ -906,7 +906,7 @@ class RemoteSynthetic(__import__("gridtnp.data", fromlist=["SyntheticDataModule"
 def test_a_token_reaches_no_output_file(tmp_path):
     recipe = tmp_path / "remote.yaml"
     recipe.write_text(
-        Path(CNP).read_text().replace("gridtnp.data.SyntheticDataModule", "tests.test_cli_errors.RemoteSynthetic")
+        Path(CNP).read_text().replace("gridtnp.data.SyntheticDataModule", "tests.cli.test_cli_errors.RemoteSynthetic")
         + "    storage_options: {token: s3cr3t-token, project: demo}\n"
     )
     common = [

@@ -23,7 +23,7 @@ from gridtnp.data.store import ChunkCache, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 LAT = np.arange(50.0, 53.01, 0.5)  # 7 points
 LON = np.arange(-2.0, 2.01, 0.5)  # 9 points

@@ -23,7 +23,7 @@ from gridtnp.data.store import coarsen_fields, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAT = np.arange(50.0, 52.01, 0.25)  # 9 points
 LON = np.arange(-1.0, 1.01, 0.25)  # 9 points
 HOURS = 96  # 2020-01-01 to 2020-01-04

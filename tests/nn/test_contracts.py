@@ -408,7 +408,7 @@ def missing_case(kind: str, name: str) -> str:
     """What to add when ``kind`` ``name`` is registered but has no case."""
     example = EXAMPLES.get(kind, f'model(SET, {kind}={{"name": NAME, ...}})').replace("NAME", f'"{name}"')
     return (
-        f"{kind} {name!r} is registered but has no contract case: add to CASES[{kind!r}] in tests/test_contracts.py "
+        f"{kind} {name!r} is registered but has no contract case: add to CASES[{kind!r}] in tests/nn/test_contracts.py "
         f'a line such as\n    "{name}": [{example}],\nwith neighbours it works with (bases: SET, TE, GRIDDED, CONV, '
         f"BASELINE, CNP; `gridtnp list {kind} {name}` shows its arguments)."
     )

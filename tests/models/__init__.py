@@ -1,0 +1,1 @@
+"""Tests of gridtnp.models: whole models, presets and recipes."""

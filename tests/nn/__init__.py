@@ -1,0 +1,1 @@
+"""Tests of gridtnp.nn: every stage's components and the layers they share."""

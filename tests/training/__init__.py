@@ -1,0 +1,1 @@
+"""Tests of gridtnp.training and of training runs: checkpoints, resuming, scale-out, precision."""
