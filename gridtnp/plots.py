@@ -34,7 +34,7 @@ Predictor = Callable[[dict[str, Observations], Tensor], Distribution]
 MAX_MARKED_POINTS = 2000
 
 
-# ----------------------------------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------------------------------- shared
 
 
 def task_batch(batch: Batch, index: int) -> Batch:

@@ -1,5 +1,5 @@
 """``StoreDataModule``: the base of every DataModule that reads a prepared Zarr store (``gridtnp data prepare``) or
-the embedded sample (date splits, a chunk cache), and helpers of their task samplers.
+the embedded sample (date splits, a chunk cache), and what their task samplers share.
 
 * ``StoreDataModule(store, dates, ...)``: ``store_path()``, ``prepare_data()``, ``open(variables)``,
   ``chunk_cache(variables, region)``, ``split_hours(ds, path) -> {split: time indices [T]}``.
