@@ -6,7 +6,8 @@ statistics in ``attrs["gridtnp_stats"]``.
 
 * ``open_store(path_or_url, variables)``: the store as a lazy ``xarray.Dataset``, its layout checked
   (``check_layout``) or, with ``convert_layout``, converted on read.
-* ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box.
+* ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box; ``region_index(ds, box)``: the
+  index slices of such a box (for ``ChunkCache``).
 * ``normalisation_stats(ds, variable, level)``: ``(mean, std)`` of a variable over the training period.
 * ``ChunkCache``: whole time chunks ``[steps, ..., H, W]`` of a store in a per-process LRU;
   ``read([(variable, time index [T])]) -> [fields [T, H, W]]``.
@@ -183,6 +184,15 @@ def normalisation_stats(
     if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
         raise DataError(f"{source}: {variable!r} has statistics mean {mean}, std {std}; need a finite std > 0.")
     return mean, std
+
+
+def region_index(ds: xr.Dataset, box: xr.Dataset) -> dict[str, slice]:
+    """Index slices ``{"latitude": slice, "longitude": slice}`` of ``ds`` that hold ``box`` (a ``select`` of it)."""
+    out = {}
+    for dim in ("latitude", "longitude"):
+        first = int(np.searchsorted(ds[dim].values, box[dim].values[0]))
+        out[dim] = slice(first, first + box.sizes[dim])
+    return out
 
 
 def _step(axis: np.ndarray) -> float:

@@ -22,7 +22,7 @@ from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationRe
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
 from gridtnp.data.stations import snap_to_grid
-from gridtnp.data.store import normalisation_stats
+from gridtnp.data.store import normalisation_stats, region_index, select
 from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range
 from gridtnp.registry import ConfigError, register
 
@@ -74,6 +74,8 @@ class StationReanalysisDataModule(StoreDataModule):
         store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample once into
             ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) and reuses it.
         stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
+        region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store): the grid, the
+            stations and the climatology are those of this box, and only its spatial chunks are read.
         station_variable: the variable observed at the stations (context and targets).
         grid_variables: the variables of the on-the-grid context.
         coarsen: block size of the on-the-grid context in fine cells (4: 0.25 -> 1 degree; 1 keeps the store's
@@ -128,6 +130,7 @@ class StationReanalysisDataModule(StoreDataModule):
         self,
         store: str | None = None,
         stations: str | None = None,
+        region: tuple[float, float, float, float] | None = None,
         station_variable: str = "t2m",
         grid_variables: Sequence[str] = ("t2m",),
         coarsen: int | Sequence[int] = 4,
@@ -199,6 +202,9 @@ class StationReanalysisDataModule(StoreDataModule):
             raise ConfigError(f"{where}: grid_variables must be a non-empty list of names; got {grid_variables!r}.")
         self.save_hyperparameters()
         self.stations = stations
+        if region is not None and (isinstance(region, str) or len(region) != 4):
+            raise ConfigError(f"{where}: region must be (lat_min, lat_max, lon_min, lon_max); got {region!r}.")
+        self.region = None if region is None else tuple(float(v) for v in region)
         self.station_variable, self.grid_variables = station_variable, list(grid_variables)
         self.targets, self.eval_draws, self.eval_stride = targets, eval_draws, eval_stride
         self.time_features, self.climatology = bool(time_features), bool(climatology)
@@ -239,6 +245,10 @@ class StationReanalysisDataModule(StoreDataModule):
         path = self.store_path()
         variables = list(dict.fromkeys([*self.grid_variables, self.station_variable]))
         ds = self.open(variables)
+        region = None
+        if self.region is not None:
+            box = select(ds, region=self.region)
+            region, ds = region_index(ds, box), box
         for v in variables:
             if ds[v].dims != DIMS:
                 raise DataError(
@@ -276,7 +286,7 @@ class StationReanalysisDataModule(StoreDataModule):
             self.splits[name] = Split(name, target_time[ok], grid_time[ok])
 
         self.task = StationReanalysisTask(
-            self.chunk_cache(variables),
+            self.chunk_cache(variables, region),
             self.grid_variables,
             self.station_variable,
             stats,
