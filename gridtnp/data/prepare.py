@@ -36,6 +36,7 @@ import dask
 import numpy as np
 import xarray as xr
 
+from gridtnp.data.climatology import CLIMATOLOGY_ATTR, lazy_climatology, write_climatology
 from gridtnp.data.inventory import CHUNKS_ATTR, inventory
 from gridtnp.data.layout import (
     DIMS,
@@ -189,11 +190,14 @@ def prepare(
     time_chunk: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    climatology: bool = False,
 ) -> Path:
     """Write ``inputs`` as a prepared Zarr store at ``out`` (see the module docstring) and return its path.
 
     ``time_chunk`` steps per chunk; None picks the most steps (at most 24) whose chunk of the largest variable
     stays under 4 MiB: 24 for a regional box, 1 for a global 0.25 degree grid (721 x 1,440: 4.0 MiB a step).
+    ``climatology``: also store each variable's mean per grid point and UTC hour of day over the training period
+    (``gridtnp.data.climatology``), in the same pass over the inputs.
     """
     log = print if progress else _silent
     out_path = Path(out)
@@ -217,6 +221,7 @@ def prepare(
         }
         train = select_time(ds, train_start, train_end)
         lazy_stats = {v: _lazy_stats(train[v]) for v in ds.data_vars}
+        lazy_clim = lazy_climatology(train) if climatology else None
 
         shape = " x ".join(f"{ds.sizes[d]} {d}" for d in ds.dims)
         log(f"gridtnp data prepare: [2/4] {', '.join(ds.data_vars)} on {shape}; {coverage(ds)}")
@@ -230,14 +235,16 @@ def prepare(
             write = ds.to_zarr(tmp, mode="w-", encoding=encoding, consolidated=False, compute=False, **store_kwargs)
             with _progress_bar(progress):
                 try:
-                    _, stats = dask.compute(write, lazy_stats)  # one pass over the inputs for both
+                    _, stats, clim = dask.compute(write, lazy_stats, lazy_clim)  # one pass over the inputs
                 except Exception as err:
                     raise DataError(
                         f"Reading {', '.join(map(str, inputs))} failed while writing ({type(err).__name__}: {err}); "
                         "is an input file truncated or corrupt?"
                     ) from err
             stats_attr = _stats_attr(stats, train, inputs)
-            _finish_store(tmp, stats_attr, _provenance(inputs, out_path, variables, train_start, train_end, steps))
+            extra = {CLIMATOLOGY_ATTR: write_climatology(tmp, clim, train)} if clim is not None else {}
+            provenance = _provenance(inputs, out_path, variables, train_start, train_end, steps, climatology)
+            _finish_store(tmp, stats_attr, provenance, extra)
             log(f"gridtnp data prepare: [4/4] moving the new store into place at {out_path}")
     finally:
         source.close()
@@ -270,6 +277,12 @@ def data_main(argv: Sequence[str]) -> None:
         metavar="N",
         help="time steps per Zarr chunk (default: as many as keep a chunk under 4 MiB, at most 24)",
     )
+    p.add_argument(
+        "--climatology",
+        action="store_true",
+        help="also store each variable's mean per grid point and UTC hour over the training period (read by the "
+        "DataModules' climatology option instead of a pass over the training period)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     opts = parser.parse_args(list(argv))
@@ -282,6 +295,7 @@ def data_main(argv: Sequence[str]) -> None:
         time_chunk=opts.time_chunk,
         overwrite=opts.overwrite,
         progress=not opts.quiet,
+        climatology=opts.climatology,
     )
 
 
@@ -347,7 +361,13 @@ def _stats_attr(stats: dict[str, dict[str, Any]], train: xr.Dataset, inputs: Seq
 
 
 def _provenance(
-    inputs: Sequence[Any], out: Path, variables: Sequence[str] | None, start: str | None, end: str | None, steps: int
+    inputs: Sequence[Any],
+    out: Path,
+    variables: Sequence[str] | None,
+    start: str | None,
+    end: str | None,
+    steps: int,
+    climatology: bool = False,
 ) -> dict[str, Any]:
     args = ["gridtnp", "data", "prepare", *map(str, inputs), "--out", str(out)]
     if variables:
@@ -356,6 +376,8 @@ def _provenance(
         if value is not None:
             args += [flag, str(value)]
     args += ["--time-chunk", str(steps)]
+    if climatology:
+        args.append("--climatology")
     try:
         version = metadata.version("gridtnp")
     except metadata.PackageNotFoundError:
@@ -368,13 +390,16 @@ def _provenance(
     }
 
 
-def _finish_store(tmp: Path, stats: dict[str, Any], provenance: dict[str, Any]) -> None:
-    """Add the gridtnp attributes and consolidate the metadata (one read for remote copies of the store)."""
+def _finish_store(
+    tmp: Path, stats: dict[str, Any], provenance: dict[str, Any], extra: dict[str, Any] | None = None
+) -> None:
+    """Add the gridtnp attributes (and ``extra`` ones) and consolidate the metadata (one read for remote copies)."""
     import zarr
 
     group = zarr.open_group(str(tmp), mode="r+")
     variables = [name for name in stats]  # the data variables (coordinates have no statistics)
-    group.attrs.update({STATS_ATTR: stats, PROVENANCE_ATTR: provenance, CHUNKS_ATTR: inventory(tmp, variables)})
+    attrs = {STATS_ATTR: stats, PROVENANCE_ATTR: provenance, CHUNKS_ATTR: inventory(tmp, variables)}
+    group.attrs.update({**attrs, **(extra or {})})
     zarr.consolidate_metadata(str(tmp))
 
 

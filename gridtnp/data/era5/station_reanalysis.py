@@ -17,6 +17,7 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader
 
+from gridtnp.data.climatology import CLIMATOLOGY_ATTR, read_climatology
 from gridtnp.data.datamodules import check_counts
 from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationReanalysisTask
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
@@ -296,13 +297,22 @@ class StationReanalysisDataModule(StoreDataModule):
             self.context_fraction,
             self.targets,
             (time.hour + time.minute / 60.0).to_numpy(np.float64) if self.time_features else None,
-            self.hourly_climatology(ds, variables, path) if self.climatology else None,
+            self.hourly_climatology(ds, variables, path, region) if self.climatology else None,
             time.hour.to_numpy(np.int64),
         )
 
-    def hourly_climatology(self, ds: xr.Dataset, variables: Sequence[str], path: str) -> dict[str, np.ndarray]:
-        """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours."""
+    def hourly_climatology(
+        self, ds: xr.Dataset, variables: Sequence[str], path: str, region: dict[str, slice] | None = None
+    ) -> dict[str, np.ndarray]:
+        """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours,
+        read from the store when ``gridtnp data prepare --climatology`` stored it for those hours, else computed
+        from the store (a pass over the training period)."""
         hours = self.splits["train"].target_time
+        stored = read_climatology(
+            path, variables, ds.indexes["time"], hours, ds.attrs.get(CLIMATOLOGY_ATTR), self.storage_options, region
+        )
+        if stored is not None:
+            return stored
         hour_of_day = ds.indexes["time"].hour.to_numpy()[hours]
         missing = sorted(set(range(24)) - set(hour_of_day.tolist()))
         if missing:
