@@ -468,9 +468,34 @@ def data_main(argv: Sequence[str]) -> None:
         help="also store each variable's mean per grid point and UTC hour over the training period (read by the "
         "DataModules' climatology option instead of a pass over the training period)",
     )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="extend the prepared store at --out with the inputs' later time steps (statistics kept)",
+    )
+    p.add_argument(
+        "--recompute-stats",
+        action="store_true",
+        help="with --append: recompute the statistics (and climatology) over --train-start/--train-end "
+        "(default: the recorded period)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     opts = parser.parse_args(list(argv))
+    if opts.append:
+        from gridtnp.data.append import append
+
+        append(
+            opts.inputs,
+            opts.out,
+            recompute_stats=opts.recompute_stats,
+            train_start=opts.train_start,
+            train_end=opts.train_end,
+            storage_options=_storage_options(opts.storage_option),
+            jobs=opts.jobs,
+            progress=not opts.quiet,
+        )
+        return
     prepare(
         opts.inputs,
         opts.out,

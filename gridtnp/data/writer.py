@@ -97,13 +97,18 @@ def write_blocks(
     log: Callable[[str], None] = print,
     every: float = 10.0,
     block: int | None = None,
+    offset: int = 0,
+    write: bool = True,
 ) -> tuple[dict[str, dict[str, Any]], xr.Dataset | None]:
-    """Write the data of ``ds`` (lazy, chunked ``steps`` in time) into ``store``'s arrays block by block; the
-    statistics and climatology are over the time indices ``train = (first, stop)``. Resumes from ``store``'s
+    """Write the data of ``ds`` (lazy, chunked ``steps`` in time) into ``store``'s arrays block by block, from time
+    index ``offset`` of the arrays on (``write=False``: only read, for the statistics); the statistics and
+    climatology are over the time indices ``train = (first, stop)`` of ``ds``. Resumes from ``store``'s
     checkpoint when its fingerprint equals ``fingerprint``."""
     import zarr
 
-    group = zarr.open_group(str(store), mode="r+")
+    # Not the consolidated metadata: after an append it still has the arrays' old shapes (writes would be clipped).
+    unconsolidated = {"use_consolidated": False} if int(zarr.__version__.split(".")[0]) >= 3 else {}
+    group = zarr.open_group(str(store), mode="r+" if write else "r", **unconsolidated)
     names = [str(v) for v in ds.data_vars]
     level_axis = {v: (1 if ds[v].ndim == 4 else None) for v in names}
     moments = {v: _Moments(ds[v].shape[1] if level_axis[v] else 1) for v in names}
@@ -125,7 +130,8 @@ def write_blocks(
         a, b = starts[index], min(starts[index] + size, total)
         arrays = dask.compute(*[ds[v].data[a:b] for v in names], **({"num_workers": jobs} if jobs else {}))
         for v, values in zip(names, arrays, strict=True):
-            group[v][a:b] = values
+            if write:
+                group[v][offset + a : offset + b] = values
             lo, hi = max(a, train[0]), min(b, train[1])
             if lo < hi:
                 part = values[lo - a : hi - a]
@@ -133,7 +139,7 @@ def write_blocks(
                 if clim_sum is not None and clim_count is not None:
                     _add_hours(clim_sum[v], clim_count[v], part, hour_of_day[lo:hi])
         now = time.perf_counter()
-        if now - last_save >= checkpoint_s or index == len(starts) - 1:
+        if write and (now - last_save >= checkpoint_s or index == len(starts) - 1):
             _save(store, fingerprint, index + 1, moments, clim_sum, clim_count)
             last_save = now
         if now - last_log >= every or index == len(starts) - 1:
@@ -215,6 +221,8 @@ def _resume(
     if state.get("fingerprint") != json.loads(json.dumps(fingerprint)):
         return 0
     done = int(state["done"])
+    if done == 0:
+        return 0
     if clim_sum is not None and clim_count is not None:
         try:
             with np.load(store / f"{CLIMATOLOGY_SUMS}.{done}") as saved:
