@@ -269,7 +269,7 @@ def prepare(
     ``region`` (``lat_min, lat_max, lon_min, lon_max``; across the date line when ``lon_min > lon_max``) and
     ``levels`` cut the inputs first; ``variables`` may then use archive or short names (``gridtnp.data.archive``);
     ``storage_options``: fsspec options of URL inputs (``{"token": "anon"}`` for public buckets). The data is
-    written in blocks of ``block_steps`` time steps (default about 256 MiB), read with ``jobs`` threads (or on the
+    written in blocks of ``block_steps`` time steps (default about 128 MiB), read with ``jobs`` threads (or on the
     cluster of an active ``dask.distributed`` client); a checkpoint every ``checkpoint_s`` seconds lets a rerun of a
     killed prepare resume (``gridtnp.data.writer``).
     """

@@ -1,6 +1,6 @@
 """``gridtnp data prepare``'s writer: the store written block by block in time, resumable after a kill.
 
-Each block (whole time chunks, about ``BLOCK_BYTES`` of float32) is read concurrently (dask, ``jobs`` threads, or
+Each block (whole time chunks, about ``BLOCK_BYTES`` of float32, 128 MiB) is read concurrently (dask, ``jobs`` threads, or
 the ``dask.distributed`` cluster of an active ``Client``), written into the Zarr arrays, and folded into running
 statistics: per variable (and level) the count, mean and sum of squared deviations of the finite training values
 (merged block by block, Chan et al.), and with ``climatology`` the sums and counts per UTC hour of day. Memory is
@@ -35,7 +35,8 @@ from gridtnp.files import atomic_write
 
 STATE = ".gridtnp_prepare_state.json"
 CLIMATOLOGY_SUMS = ".gridtnp_prepare_climatology.npz"
-BLOCK_BYTES = 256 * 2**20
+BLOCK_BYTES = 128 * 2**20
+MOMENT_ELEMENTS = 2**22  # values per float64 pass of the running statistics (32 MiB)
 
 
 def block_steps(ds: xr.Dataset, steps: int, target: int = BLOCK_BYTES) -> int:
@@ -53,7 +54,14 @@ class _Moments:
         self.m2 = np.zeros(levels)
 
     def add(self, values: np.ndarray, level_axis: int | None) -> None:
-        """Fold in ``values [T, (L,) H, W]`` (float32), per level when ``level_axis`` is given."""
+        """Fold in ``values [T, (L,) H, W]`` (float32), per level when ``level_axis`` is given, a few time steps
+        at a time (float64 copies of a whole block would take several times its memory)."""
+        per_step = max(1, int(np.prod(values.shape[1:])))
+        step = max(1, MOMENT_ELEMENTS // per_step)
+        for t in range(0, values.shape[0], step):
+            self._add(values[t : t + step], level_axis)
+
+    def _add(self, values: np.ndarray, level_axis: int | None) -> None:
         x = values.astype(np.float64)
         x = x.reshape(1, -1) if level_axis is None else np.moveaxis(x, level_axis, 0).reshape(x.shape[level_axis], -1)
         finite = np.isfinite(x)
