@@ -53,3 +53,23 @@ def test_stored_climatology_equals_the_computed_one_and_setup_reads_no_training_
     np.testing.assert_allclose(
         other.task.climatology["t2m"], field().t2m.values[24:48].reshape(24, -1), rtol=0, atol=2e-5
     )
+
+
+def test_a_batch_fetches_its_chunks_concurrently_each_once(stores: tuple[Path, Path]) -> None:
+    from gridtnp.data.store import ChunkCache
+
+    _, store = stores
+    with LocalHTTPServer(store.parent, latency=0.05) as server:
+        cache = ChunkCache(server.url(store.name), capacity=64, variables=["t2m", "skt"])
+        cache.dataset()
+        before = len(server.requests)
+        hours = np.arange(0, 96, 5)  # 20 hours in 16 chunks of 6 steps, per variable
+        fields = cache.read([("t2m", hours), ("skt", hours)])
+        got = [r for r in server.requests[before:] if r.split("/")[2] in ("t2m", "skt")]
+        assert len(got) == len(set(got)) == 32 and cache.reads == 32  # every chunk once
+        assert server.most_in_flight > 1
+        want = open_store(store)
+        np.testing.assert_array_equal(fields[0], want.t2m.values[hours])
+        np.testing.assert_array_equal(fields[1], want.skt.values[hours])
+        cache.read([("t2m", hours[:3])])
+        assert cache.reads == 32 and len(server.requests) == before + 32  # served from memory

@@ -2,7 +2,8 @@
 benchmark reading through fsspec (``http://127.0.0.1:PORT/store.zarr``) without a network.
 
 * ``LocalHTTPServer(folder, latency=0.05)``: a context manager; ``url(name)`` is the address of ``folder/name``,
-  ``requests`` lists the paths requested (GET and HEAD), for tests that count reads.
+  ``requests`` lists the paths requested (GET and HEAD) and ``most_in_flight`` the most served at once, for tests
+  that count reads.
 """
 
 from __future__ import annotations
@@ -19,17 +20,31 @@ class _Handler(SimpleHTTPRequestHandler):
     server: _Server
 
     def _delay_and_log(self) -> None:
-        self.server.requests.append(self.path)
-        if self.server.latency > 0:
-            time.sleep(self.server.latency)
+        server = self.server
+        with server.lock:
+            server.requests.append(self.path)
+            server.in_flight += 1
+            server.most_in_flight = max(server.most_in_flight, server.in_flight)
+        if server.latency > 0:
+            time.sleep(server.latency)
+
+    def _done(self) -> None:
+        with self.server.lock:
+            self.server.in_flight -= 1
 
     def do_GET(self) -> None:
         self._delay_and_log()
-        super().do_GET()
+        try:
+            super().do_GET()
+        finally:
+            self._done()
 
     def do_HEAD(self) -> None:
         self._delay_and_log()
-        super().do_HEAD()
+        try:
+            super().do_HEAD()
+        finally:
+            self._done()
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests and benchmarks count requests instead
         pass
@@ -37,8 +52,12 @@ class _Handler(SimpleHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128
     requests: list[str]
     latency: float
+    lock: threading.Lock
+    in_flight: int
+    most_in_flight: int
 
 
 class LocalHTTPServer:
@@ -49,12 +68,18 @@ class LocalHTTPServer:
         handler = functools.partial(_Handler, directory=str(folder))
         self.server = _Server(("127.0.0.1", 0), handler)
         self.server.requests, self.server.latency = [], float(latency)
+        self.server.lock, self.server.in_flight, self.server.most_in_flight = threading.Lock(), 0, 0
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def requests(self) -> list[str]:
         """The paths requested so far, in order."""
         return self.server.requests
+
+    @property
+    def most_in_flight(self) -> int:
+        """The most requests served at once so far."""
+        return self.server.most_in_flight
 
     def url(self, name: str = "") -> str:
         """The address of ``folder/name``."""
