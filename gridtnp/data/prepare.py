@@ -259,6 +259,7 @@ def prepare(
     jobs: int | None = None,
     block_steps: int | None = None,
     checkpoint_s: float = 30.0,
+    scheduler: str | None = None,
 ) -> Path:
     """Write ``inputs`` as a prepared Zarr store at ``out`` (see the module docstring) and return its path.
 
@@ -271,7 +272,9 @@ def prepare(
     ``storage_options``: fsspec options of URL inputs (``{"token": "anon"}`` for public buckets). The data is
     written in blocks of ``block_steps`` time steps (default about 128 MiB), read with ``jobs`` threads (or on the
     cluster of an active ``dask.distributed`` client); a checkpoint every ``checkpoint_s`` seconds lets a rerun of a
-    killed prepare resume (``gridtnp.data.writer``).
+    killed prepare resume (``gridtnp.data.writer``). ``scheduler``: the address of a ``dask.distributed``
+    scheduler (``tcp://host:8786``) whose workers do the reading (they must see the inputs); the store is the one a
+    local run writes.
     """
     log = print if progress else _silent
     out_path = Path(out)
@@ -286,7 +289,7 @@ def prepare(
     box = parse_region(region) if region is not None else None
     selection = Selection(start, end, box, list(levels) if levels is not None else None, storage_options)
     log(f"gridtnp data prepare: [1/4] opening {len(inputs)} input file(s)")
-    with _netcdf_chunk_cache(NETCDF_CHUNK_CACHE):
+    with _netcdf_chunk_cache(NETCDF_CHUNK_CACHE), _cluster(scheduler, log):
         source = open_sources(inputs, variables, time_chunk or MAX_TIME_CHUNK, selection)
         try:
             ds = _to_float32(source)
@@ -359,6 +362,22 @@ def _netcdf_chunk_cache(nbytes: int) -> Iterator[None]:
         yield
     finally:
         netCDF4.set_chunk_cache(*before)
+
+
+@contextlib.contextmanager
+def _cluster(address: str | None, log: Any) -> Iterator[None]:
+    """Inside, dask computes on the ``dask.distributed`` cluster at ``address`` (nothing changes for None)."""
+    if address is None:
+        yield
+        return
+    try:
+        from distributed import Client
+    except ImportError as err:
+        raise DataError("--scheduler needs dask.distributed: pip install gridtnp[distributed]") from err
+    with Client(address) as client:
+        workers = len(client.scheduler_info()["workers"])
+        log(f"gridtnp data prepare: reading on the cluster at {address} ({workers} workers)")
+        yield
 
 
 def partial_path(out: Path) -> Path:
@@ -453,6 +472,12 @@ def data_main(argv: Sequence[str]) -> None:
         help="fsspec option of URL inputs, repeatable (e.g. token=anon for a public bucket)",
     )
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="concurrent reads (default: dask's threads)")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="a dask.distributed scheduler (tcp://host:8786) whose workers read the inputs (pip install "
+        "gridtnp[distributed]; the workers must see the input files)",
+    )
     p.add_argument("--train-start", metavar="DATE", help="first date of the statistics period (default: first step)")
     p.add_argument("--train-end", metavar="DATE", help="last date of the statistics period, inclusive (default: last)")
     p.add_argument(
@@ -512,6 +537,7 @@ def data_main(argv: Sequence[str]) -> None:
         levels=opts.levels,
         storage_options=_storage_options(opts.storage_option),
         jobs=opts.jobs,
+        scheduler=opts.scheduler,
     )
 
 
