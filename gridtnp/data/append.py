@@ -42,7 +42,7 @@ def append(
     recomputed over ``[train_start, train_end]`` (default: the recorded training period)."""
     import zarr
 
-    from gridtnp.data.prepare import MAX_TIME_CHUNK, Selection, _finish_store, _to_float32, is_prepared_store
+    from gridtnp.data.prepare import Selection, _finish_store, _to_float32, is_prepared_store
     from gridtnp.data.prepare import open_sources as open_inputs
 
     log = print if progress else (lambda *a, **k: None)
@@ -59,7 +59,7 @@ def append(
     last = old.indexes["time"][length - 1]
 
     selection = Selection(storage_options=storage_options)
-    source = open_inputs(inputs, names, MAX_TIME_CHUNK, selection)
+    source = open_inputs(inputs, names, steps, selection)
     try:
         new = _to_float32(source)
         new = new.isel(time=np.flatnonzero(new.indexes["time"] > last))

@@ -84,11 +84,12 @@ def open_source(path: str | os.PathLike[str], storage_options: dict[str, Any] | 
 def open_sources(
     paths: Sequence[str | os.PathLike[str]],
     variables: Sequence[str] | None = None,
-    time_chunk: int = 24,
+    time_chunk: int | None = 24,
     selection: Selection | None = None,
 ) -> xr.Dataset:
     """Open, normalise and combine ``paths`` (one dataset split by time and/or by variable) into one lazy dataset,
-    dask-chunked ``time_chunk`` steps x full grid so each task reads only its slice of a source file.
+    dask-chunked ``time_chunk`` steps (None: ``auto_time_chunk``) x full grid so each task reads only its slice of a
+    source file.
 
     ``selection`` (dates, region, levels, storage options) cuts each input before it is combined; with it,
     ``variables`` may use archive or short names (``gridtnp.data.archive``) and inputs without a step in the
@@ -107,7 +108,8 @@ def open_sources(
                 part = selection.cut(opened[-1], variables, str(path))
                 if part.sizes["time"] == 0:
                     continue
-            parts.append(part.chunk({dim: (time_chunk if dim == "time" else -1) for dim in part.dims}))
+            steps = time_chunk or auto_time_chunk(part)  # read as it will be written: no larger chunk in memory
+            parts.append(part.chunk({dim: (steps if dim == "time" else -1) for dim in part.dims}))
             kept.append(path)
         if not parts:
             raise DataError(f"{names}: no time step between --start {selection.start} and --end {selection.end}.")
@@ -229,16 +231,31 @@ MAX_TIME_CHUNK = 24
 TARGET_CHUNK_BYTES = 4 * 2**20
 
 
-def auto_time_chunk(ds: xr.Dataset) -> int:
+def auto_time_chunk(ds: xr.Dataset, space: dict[str, int] | None = None) -> int:
     """Time steps per chunk: as many as keep the largest variable's float32 chunk under 4 MiB, 1 to 24.
 
     A task reads whole chunks, so for random access in time a chunk should be about what one task needs: one
-    step of a global 0.25 degree field (4.0 MiB), a day of a regional box.
+    step of a global 0.25 degree field (4.0 MiB), a day of a regional box. ``space``: points per chunk along
+    latitude / longitude, when the store is chunked in space too.
     """
+    space = space or {}
     per_step = max(
-        (4 * int(np.prod([ds.sizes[d] for d in v.dims if d != "time"])) for v in ds.data_vars.values()), default=4
+        (
+            4 * int(np.prod([space.get(str(d), ds.sizes[d]) for d in v.dims if d != "time"]))
+            for v in ds.data_vars.values()
+        ),
+        default=4,
     )
     return int(min(MAX_TIME_CHUNK, max(1, TARGET_CHUNK_BYTES // per_step)))
+
+
+def _space_chunks(ds: xr.Dataset, points: int | None) -> dict[str, int]:
+    """``{"latitude": n, "longitude": n}`` points per chunk (the whole axis when None or larger)."""
+    if points is None:
+        return {}
+    if points < 1:
+        raise DataError(f"--space-chunk {points}: expected a positive number of grid points per chunk.")
+    return {dim: min(points, ds.sizes[dim]) for dim in ("latitude", "longitude")}
 
 
 def prepare(
@@ -260,6 +277,8 @@ def prepare(
     block_steps: int | None = None,
     checkpoint_s: float = 30.0,
     scheduler: str | None = None,
+    coarsen: int = 1,
+    space_chunk: int | None = None,
 ) -> Path:
     """Write ``inputs`` as a prepared Zarr store at ``out`` (see the module docstring) and return its path.
 
@@ -274,7 +293,9 @@ def prepare(
     cluster of an active ``dask.distributed`` client); a checkpoint every ``checkpoint_s`` seconds lets a rerun of a
     killed prepare resume (``gridtnp.data.writer``). ``scheduler``: the address of a ``dask.distributed``
     scheduler (``tcp://host:8786``) whose workers do the reading (they must see the inputs); the store is the one a
-    local run writes.
+    local run writes. ``coarsen``: average ``coarsen x coarsen`` blocks of grid points first (NaN-aware; a partial
+    block at the end of an axis is dropped). ``space_chunk``: grid points per chunk along latitude and longitude
+    (default: the whole grid), so that a task on a region reads only the chunks over it.
     """
     log = print if progress else _silent
     out_path = Path(out)
@@ -290,13 +311,19 @@ def prepare(
     selection = Selection(start, end, box, list(levels) if levels is not None else None, storage_options)
     log(f"gridtnp data prepare: [1/4] opening {len(inputs)} input file(s)")
     with _netcdf_chunk_cache(NETCDF_CHUNK_CACHE), _cluster(scheduler, log):
-        source = open_sources(inputs, variables, time_chunk or MAX_TIME_CHUNK, selection)
+        source = open_sources(inputs, variables, time_chunk, selection)
         try:
             ds = _to_float32(source)
-            steps = min(time_chunk or auto_time_chunk(ds), ds.sizes["time"])
-            ds = ds.chunk({dim: (steps if dim == "time" else -1) for dim in ds.dims})  # realigns chunks across files
+            if coarsen > 1:  # NaN-aware block means; coordinates the blocks' centres; a partial edge block dropped
+                ds = ds.coarsen(latitude=coarsen, longitude=coarsen, boundary="trim").mean(keep_attrs=True)
+            space = _space_chunks(ds, space_chunk)
+            steps = min(time_chunk or auto_time_chunk(ds, space), ds.sizes["time"])
+            ds = ds.chunk({dim: steps if dim == "time" else space.get(str(dim), -1) for dim in ds.dims})
             encoding = {
-                v: {"chunks": tuple(steps if d == "time" else ds.sizes[d] for d in ds[v].dims), "dtype": "float32"}
+                v: {
+                    "chunks": tuple(steps if d == "time" else space.get(str(d), ds.sizes[d]) for d in ds[v].dims),
+                    "dtype": "float32",
+                }
                 for v in ds.data_vars
             }
             train = select_time(ds, train_start, train_end)
@@ -472,6 +499,14 @@ def data_main(argv: Sequence[str]) -> None:
         help="fsspec option of URL inputs, repeatable (e.g. token=anon for a public bucket)",
     )
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="concurrent reads (default: dask's threads)")
+    p.add_argument("--coarsen", type=int, default=1, metavar="F", help="average F x F blocks of grid points first")
+    p.add_argument(
+        "--space-chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N x N grid points per chunk (default: the whole grid; smaller for stores read by region)",
+    )
     p.add_argument(
         "--scheduler",
         metavar="ADDRESS",
@@ -538,6 +573,8 @@ def data_main(argv: Sequence[str]) -> None:
         storage_options=_storage_options(opts.storage_option),
         jobs=opts.jobs,
         scheduler=opts.scheduler,
+        coarsen=opts.coarsen,
+        space_chunk=opts.space_chunk,
     )
 
 

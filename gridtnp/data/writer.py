@@ -1,10 +1,10 @@
 """``gridtnp data prepare``'s writer: the store written block by block in time, resumable after a kill.
 
-Each block (whole time chunks, about ``BLOCK_BYTES`` of float32, 128 MiB) is read concurrently (dask, ``jobs`` threads, or
-the ``dask.distributed`` cluster of an active ``Client``), written into the Zarr arrays, and folded into running
-statistics: per variable (and level) the count, mean and sum of squared deviations of the finite training values
-(merged block by block, Chan et al.), and with ``climatology`` the sums and counts per UTC hour of day. Memory is
-one block and the climatology sums, whatever the number of inputs.
+Each block (whole time chunks, about ``BLOCK_BYTES`` of float32, 128 MiB) is read concurrently (dask, ``jobs``
+threads, or the ``dask.distributed`` cluster of an active ``Client``), written into the Zarr arrays, and folded
+into running statistics: per variable (and level) the count, mean and sum of squared deviations of the finite
+training values (merged block by block, Chan et al.), and with ``climatology`` the sums and counts per UTC hour of
+day. Memory is one block and the climatology sums, whatever the number of inputs.
 
 A checkpoint (``STATE``: the blocks done and the statistics so far, in the partial store) is saved every
 ``checkpoint_s`` seconds; a rerun of the same request (same ``fingerprint``) resumes after the last checkpoint's
@@ -124,7 +124,7 @@ def write_blocks(
     clim_sum = clim_count = None
     if climatology:
         clim_sum = {v: np.zeros((24, *ds[v].shape[1:])) for v in names}
-        clim_count = {v: np.zeros((24, *ds[v].shape[1:]), dtype=np.int64) for v in names}
+        clim_count = {v: np.zeros((24, *ds[v].shape[1:]), dtype=np.int32) for v in names}  # up to 245,000 years
     size = block or block_steps(ds, steps)
     total = ds.sizes["time"]
     starts = list(range(0, total, size))
