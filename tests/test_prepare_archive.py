@@ -143,3 +143,16 @@ def test_archive_names_are_checked(archive: tuple[Path, Path], tmp_path: Path) -
         prepare([zarr_store], tmp_path / "x.zarr", variables=["u700"], progress=False)
     with pytest.raises(DataError, match=r"has no level dimension"):
         prepare([zarr_store], tmp_path / "x.zarr", variables=["t2m@850"], progress=False)
+
+
+def test_coarsen_and_spatial_chunks(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    _, nc = archive
+    out = prepare([nc], tmp_path / "c.zarr", variables=["t2m"], coarsen=2, space_chunk=4, progress=False)
+    ds = open_store(out)
+    src = replica()["2m_temperature"].sortby("latitude")
+    src = src.assign_coords(longitude=(src.longitude + 180) % 360 - 180).sortby("longitude")
+    want = src.coarsen(latitude=2, longitude=2, boundary="trim").mean()
+    assert ds.sizes["latitude"] == 6 and ds.sizes["longitude"] == 9
+    np.testing.assert_allclose(ds.latitude.values, want.latitude.values)
+    np.testing.assert_allclose(ds.t2m.values, want.values, rtol=1e-6)
+    assert ds.t2m.encoding["chunks"] == (24, 4, 4)
