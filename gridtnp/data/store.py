@@ -325,6 +325,11 @@ class ChunkCache:
         for variable, index, chunk, bounds in located:
             first = self._lru[(variable, int(chunk[0]))]
             field = np.empty((len(index), *first.shape[1:]), dtype=np.float32)
+            if len(index) <= 64:  # a batch's handful of steps: copied straight in, one step at a time
+                for i, (c, t) in enumerate(zip(chunk.tolist(), (index - bounds[chunk]).tolist(), strict=True)):
+                    field[i] = self._lru[(variable, c)][t]
+                out.append(field)
+                continue
             for c in np.unique(chunk):  # a loop over chunks, each filled by one fancy index
                 sel = chunk == c
                 field[sel] = self._lru[(variable, int(c))][index[sel] - bounds[c]]

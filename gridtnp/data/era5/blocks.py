@@ -81,12 +81,12 @@ class BlockLayout:
             t0 = int(tasks[0])
             row_edges = np.flatnonzero(np.diff(self.rows[t0], prepend=-1))  # first fine row of each block row
             col_edges = np.flatnonzero(np.diff(self.cols[t0] + self.wrapped[t0] * w, prepend=-1))
-            part = values[tasks].astype(np.float64)  # [k, H, W, V]
+            part = values if len(tasks) == b else values[tasks]  # [k, H, W, V], summed in float64 below
             finite = np.isfinite(part)
             has_nan = not finite.all()
             if has_nan:
                 part = np.where(finite, part, 0.0)
-            sums = np.add.reduceat(np.add.reduceat(part, col_edges, axis=2), row_edges, axis=1)
+            sums = np.add.reduceat(np.add.reduceat(part, col_edges, axis=2, dtype=np.float64), row_edges, axis=1)
             if has_nan:
                 counts = np.add.reduceat(np.add.reduceat(finite.astype(np.float64), col_edges, axis=2), row_edges, 1)
             else:  # points per block, the same for every task and variable of this layout

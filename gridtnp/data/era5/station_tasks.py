@@ -118,10 +118,14 @@ class StationReanalysisTask:
         station_at_grid_time = fields[self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
         # Departures from each grid point's own reference (its climatology at that hour, or the variable's mean)
         # before the blocks average them: a block's share of sea or hill then no longer shifts its value.
-        grid_fields = np.stack(
-            [f - self.reference(v, t_grid) for f, v in zip(fields[:n_grid], self.grid_variables, strict=True)], -1
-        )
-        coarse = layout.fast_means(grid_fields.reshape(b, *self.shape, n_grid))  # [B, G, V] block means of departures
+        if self.climatology is None:  # a constant reference per variable: averaged first, subtracted after
+            grid_fields = fields[0][..., None] if n_grid == 1 else np.stack(fields[:n_grid], -1)
+            shift = np.array([self.reference(v, t_grid) for v in self.grid_variables])  # [V]
+        else:
+            references = [self.reference(v, t_grid) for v in self.grid_variables]
+            grid_fields = np.stack([f - r for f, r in zip(fields[:n_grid], references, strict=True)], -1)
+            shift = np.zeros(n_grid)
+        coarse = layout.fast_means(grid_fields.reshape(b, *self.shape, n_grid)) - shift  # [B, G, V] of departures
         # The station variable's block means at the grid time, in its units, for the stations' blocks only [B, S].
         coarse_station = self.tables.point_means(layout, station_at_grid_time)
 
