@@ -1,19 +1,23 @@
-"""``gridtnp data prepare``: NetCDF / GRIB files -> one Zarr store in gridtnp's layout, with normalisation statistics.
+"""``gridtnp data prepare``: NetCDF / GRIB / Zarr inputs -> one Zarr store in gridtnp's layout, with statistics.
 
 gridtnp data prepare era5_2019-03.nc --out era5.zarr --train-start 2019-03-01 --train-end 2019-03-21
 
 The store holds float32 variables ``[time, ..., latitude, longitude]`` chunked ``time_chunk x full grid`` (one read
-per sampled time step), latitudes ascending, longitudes ascending in [-180, 180), ``time`` as datetime64, CF
-attributes kept; ``attrs["gridtnp_stats"]`` has each variable's mean and std over the training period
-(``train_start``/``train_end``, the whole input when unset: the DataModules then refuse validation or test dates
-inside it) and ``attrs["gridtnp_provenance"]`` the sources and the command. It is written next to the target, then
-renamed into place (``gridtnp.files.replacing``): an interrupted run leaves the old store or none under the
-target's name, never a half-written one (a crash between the two renames of ``--overwrite`` leaves the old store
-aside as ``.<name>.old-*``). The rename is atomic, the store's files are not fsynced (xarray's Zarr writer does not).
+per sampled time step; ``--space-chunk`` splits the grid too), latitudes ascending, longitudes ascending in
+[-180, 180), ``time`` as datetime64, CF attributes kept; ``attrs["gridtnp_stats"]`` has each variable's mean and std
+over the training period (``train_start``/``train_end``, the whole input when unset: the DataModules then refuse
+validation or test dates inside it) and ``attrs["gridtnp_provenance"]`` the sources and the command. Inputs are
+local NetCDF / GRIB / Zarr files or Zarr stores at a URL (e.g. ARCO-ERA5), with variables by archive or short name
+(``gridtnp.data.archive``), cut to dates, a region and levels first. The data is written block by block into
+``.<name>.partial`` beside the target (``gridtnp.data.writer``: bounded memory, a checkpoint to resume a killed run),
+then renamed into place: an interrupted run leaves the old store or none under the target's name, never a
+half-written one (a crash between the two renames of ``--overwrite`` leaves the old store aside as
+``.<name>.old-*``). The rename is atomic, the store's files are not fsynced (xarray's Zarr writer does not).
+``--append`` extends a store with later steps (``gridtnp.data.append``).
 
-* ``prepare(inputs, out, variables, train_start, train_end, time_chunk)``: write the store, return its path.
-* ``open_sources(paths, variables)``: the inputs normalised (``gridtnp.data.layout.normalise``) and combined into
-  one lazy dataset; ``open_source(path)``: one input as stored.
+* ``prepare(inputs, out, variables, train_start, train_end, time_chunk, ...)``: write the store, return its path.
+* ``open_sources(paths, variables, time_chunk, selection)``: the inputs (cut by a ``Selection``) normalised
+  (``gridtnp.data.layout.normalise``) and combined into one lazy dataset; ``open_source(path)``: one input as stored.
 * ``auto_time_chunk(ds)``: the default time steps per chunk; ``is_zarr_store(path)``; ``data_main(argv)``: the CLI.
 """
 
@@ -619,17 +623,6 @@ def _to_float32(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
-def _lazy_stats(var: xr.DataArray) -> dict[str, Any]:
-    """Lazy mean and std of ``var`` overall and, with a level dimension, per level (``"levels"``)."""
-    var = var.astype(np.float64)
-    out: dict[str, Any] = {"mean": var.mean(), "std": var.std()}
-    extra = [d for d in var.dims if d not in DIMS]
-    if len(extra) == 1:  # e.g. pressure levels: temperature at 1000 and 500 hPa differ by tens of kelvin
-        over = [d for d in var.dims if d != extra[0]]
-        out["levels"] = (var[extra[0]].values, var.mean(over), var.std(over))
-    return out
-
-
 def _stats_attr(stats: dict[str, dict[str, Any]], train: xr.Dataset, inputs: Sequence[Any]) -> dict[str, Any]:
     first, last = iso(train.time.values[0]), iso(train.time.values[-1])
     out = {}
@@ -710,14 +703,6 @@ def _check_target(out: Path, overwrite: bool) -> None:
             f"--out {out} is a Zarr store that gridtnp data prepare did not write (e.g. predictions); refusing to "
             "replace it even with --overwrite. Choose another path."
         )
-
-
-def _progress_bar(enabled: bool) -> contextlib.AbstractContextManager[Any]:
-    if not enabled:
-        return contextlib.nullcontext()
-    from dask.diagnostics import ProgressBar
-
-    return ProgressBar(dt=1.0)
 
 
 def _describe_vars(ds: xr.Dataset) -> str:
