@@ -466,7 +466,8 @@ def data_main(argv: Sequence[str]) -> None:
     p = sub.add_parser(
         "prepare",
         help="NetCDF / GRIB files -> a Zarr store in gridtnp's layout, with normalisation statistics",
-        description="Convert NetCDF / GRIB files into one Zarr store in gridtnp's layout (latitudes ascending, "
+        description="Convert NetCDF / GRIB / Zarr inputs (local, or a Zarr store at a URL such as ARCO-ERA5) into one "
+        "Zarr store in gridtnp's layout (latitudes ascending, "
         "longitudes in [-180, 180), float32, chunked for random access in time), with each variable's mean and std "
         "over the training period in the store's attributes.",
     )
