@@ -2,6 +2,7 @@
 
     python benchmarks/data_loading.py --small                     # minutes on a laptop CPU
     python benchmarks/data_loading.py --workers 0 2 4 --days 14   # global 0.25 degree store, 14 days (1.4 GB)
+    python benchmarks/data_loading.py --scale --hours 48          # prepare + loaders at the paper's scale
 
 Cases:
 
@@ -21,6 +22,8 @@ opening) is timed separately and throughput is over the rest. Results go to a Ma
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -102,6 +105,196 @@ def measure(make, workers: int, batches: int) -> dict[str, float]:
     }
 
 
+# ------------------------------------------------------------------------------------------ at the paper's scale
+# `--scale`: the global store built by `gridtnp data prepare` from daily NetCDF files, prepare timed, the loader of
+# recipes/era5_swin_global.yaml (station task) and of a multi-source task measured in tasks per CPU second, with 0
+# and N DataLoader workers, from the local store and from the same store over HTTP with added latency.
+
+
+def daily_files(folder: Path, hours: int) -> list[Path]:
+    """``hours`` hours of global 0.25 degree t2m and skt as daily NetCDF files (zlib level 1, a chunk per step):
+    a latitude profile, a diurnal cycle following the sun, weather-like smooth anomalies and grid-scale noise."""
+    import xarray as xr
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lat = np.arange(90.0, -90.01, -0.25)  # descending and 0-360, as ERA5 downloads are
+    lon = np.arange(0.0, 360.0, 0.25)
+    rng = np.random.default_rng(0)
+    base = 250.0 + 45.0 * np.cos(np.deg2rad(lat))[:, None] + 0.0 * lon[None, :]
+    coarse = rng.normal(size=(24, 46, 91))  # smooth anomalies: bilinear from a 4 degree grid, changing by hour
+    paths = []
+    for day in range(-(-hours // 24)):
+        path = folder / f"era5_global_{day:03d}.nc"
+        paths.append(path)
+        if path.exists():
+            continue
+        steps = min(24, hours - 24 * day)
+        time_axis = pd.date_range("2019-01-01", periods=steps, freq="h") + pd.Timedelta(days=day)
+        t2m = np.empty((steps, len(lat), len(lon)), np.float32)
+        for h in range(steps):
+            hour = 24 * day + h
+            weights = np.cos(np.deg2rad(lon[None, :] + 15.0 * hour - 180.0)).clip(0) * np.cos(np.deg2rad(lat))[:, None]
+            anomaly = np.kron(coarse[hour % 24] + 0.1 * day, np.ones((16, 16)))[: len(lat), : len(lon)]
+            noise = rng.standard_normal((len(lat), len(lon)), dtype=np.float32)
+            t2m[h] = base + 8.0 * weights + 3.0 * anomaly + 0.5 * noise
+        skt = t2m + 2.0 * rng.standard_normal(t2m.shape, dtype=np.float32)
+        ds = xr.Dataset(
+            {
+                "t2m": (("time", "latitude", "longitude"), t2m, {"units": "K", "long_name": "2 metre temperature"}),
+                "skt": (("time", "latitude", "longitude"), skt, {"units": "K", "long_name": "Skin temperature"}),
+            },
+            coords={"time": time_axis, "latitude": lat, "longitude": lon},
+        )
+        enc = {"zlib": True, "complevel": 1, "chunksizes": (1, len(lat), len(lon))}
+        tmp = path.with_name(path.name + ".tmp")
+        ds.to_netcdf(tmp, encoding={"t2m": enc, "skt": enc})
+        tmp.rename(path)  # an interrupted run leaves no truncated file under the name reused next time
+        print(f"wrote {path}")
+    return paths
+
+
+def timed_prepare(files: list[Path], out: Path, train_end: str) -> dict[str, float]:
+    """``gridtnp data prepare`` in a subprocess: wall time, CPU time, peak memory, MB/s of float32 written."""
+    import shutil
+    import subprocess
+
+    shutil.rmtree(out, ignore_errors=True)
+    args = [sys.executable, "-m", "gridtnp.cli", "data", "prepare", *map(str, files), "--out", str(out),
+            "--train-end", train_end, "--climatology"]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(args, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    print(proc.stdout)
+    rates = [line for line in proc.stdout.splitlines() if "MB/s" in line]  # the writer's own rate, start-up excluded
+    writer_rate = float(rates[-1].split(" MB/s")[0].rsplit(" ", 1)[-1]) if rates else float("nan")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    nbytes = _float32_bytes(out)
+    return {
+        "wall_s": wall,
+        "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "peak_mb": after.ru_maxrss / 1024,
+        "mb_per_s": nbytes / 1e6 / wall,
+        "writer_mb_per_s": writer_rate,
+    }
+
+
+def _float32_bytes(store: Path) -> int:
+    import xarray as xr
+
+    ds = xr.open_zarr(store)
+    return sum(4 * int(np.prod(v.shape)) for v in ds.data_vars.values())
+
+
+def loader_rate(make, workers: int, batches: int) -> dict[str, float]:
+    """Tasks per wall second and per CPU second (this process and its workers) of a fresh training loader,
+    excluding the first batch (start-up)."""
+    dm = make(workers)
+    dm.setup()
+    loader = iter(dm.train_dataloader())
+    first = next(loader)
+    cpu0 = _cpu_now()
+    start = time.perf_counter()
+    count = 0
+    for batch in loader:
+        count += batch.batch_size
+    wall = time.perf_counter() - start
+    del loader
+    import gc
+
+    gc.collect()
+    time.sleep(0.5)  # workers exit: their CPU time is then in RUSAGE_CHILDREN
+    cpu = _cpu_now() - cpu0
+    return {"tasks_per_s": count / wall, "tasks_per_cpu_s": count / max(cpu, 1e-9), "batch": first.batch_size}
+
+
+def _cpu_now() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def scale_main(args: argparse.Namespace) -> None:
+    from gridtnp.data.http_server import LocalHTTPServer
+
+    days = -(-args.hours // 24)
+    files = daily_files(args.store_dir / "raw", args.hours)
+    store = args.store_dir / f"era5_global_{args.hours}h.zarr"
+    if days < 2:
+        raise SystemExit("--scale needs --hours >= 48: training days, then a day split into validation and test")
+    train_end = f"2019-01-{days - 1:02d}"
+    last = f"2019-01-{days:02d}"
+    rows = []
+    if args.skip_prepare and store.exists():
+        print(f"using {store}")
+    else:
+        p = timed_prepare(files, store, train_end)
+        print(f"prepare: {p}")
+        rows.append(
+            {
+                "case": f"gridtnp data prepare, {len(files)} daily files (t2m, skt; --climatology)",
+                "workers": "-",
+                "tasks/s (wall)": "-",
+                "tasks/s per CPU s": "-",
+                "notes": f"wall {p['wall_s']:.0f} s (start-up included), CPU {p['cpu_s']:.0f} s, "
+                f"peak {p['peak_mb']:.0f} MB, {p['mb_per_s']:.0f} MB/s of float32 over the wall time, "
+                f"{p['writer_mb_per_s']:.0f} MB/s while writing",
+            }
+        )
+    dates = {
+        "train_dates": ("2019-01-01", train_end),
+        "val_dates": (f"{last}T00", f"{last}T11"),
+        "test_dates": (f"{last}T12", f"{last}T23"),
+    }
+    common = {"batch_size": 16, "train_batches": args.batches, "cache_chunks": 2, **dates}
+    station = {"stations": None, "unique_grid_points": True, "station_variable": "t2m", "grid_variables": ["skt"],
+               "coarsen": 4, "context_fraction": (0.0, 0.3), "targets": "held_out"}  # fmt: skip
+    with LocalHTTPServer(store.parent, latency=args.latency) as server:
+        sources = {"local": str(store), f"HTTP +{1000 * args.latency:.0f} ms": server.url(store.name)}
+        for where, path in sources.items():
+            cases = {
+                "station task (era5_swin_global.yaml data)": lambda w, path=path: StationReanalysisDataModule(
+                    store=path, num_workers=w, climatology=False, **station, **common
+                ),
+                "multi-source Europe, window 4 (t2m, skt)": lambda w, path=path: MultiSourceDataModule(
+                    store=path,
+                    variables=["t2m", "skt"],
+                    region=(35.0, 70.0, -15.0, 40.0),
+                    window=4,
+                    num_workers=w,
+                    **common,
+                ),
+            }
+            for name, make in cases.items():
+                for workers in args.workers:
+                    r = loader_rate(make, workers, args.batches)
+                    print(f"{where:<14} {name:<45} workers {workers}: {r['tasks_per_s']:6.1f} tasks/s, "
+                          f"{r['tasks_per_cpu_s']:6.1f} per CPU s")  # fmt: skip
+                    rows.append(
+                        {
+                            "case": f"{where}: {name}",
+                            "workers": workers,
+                            "tasks/s (wall)": f"{r['tasks_per_s']:.1f}",
+                            "tasks/s per CPU s": f"{r['tasks_per_cpu_s']:.1f}",
+                            "notes": f"batch {r['batch']}, {args.batches - 1} batches timed",
+                        }
+                    )
+    meta = {
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "device": device_name(torch.device("cpu")),
+        "cores": str(os.cpu_count()),
+        "load": ", ".join(f"{v:.1f}" for v in os.getloadavg()),
+        "command": f"`python benchmarks/data_loading.py {' '.join(sys.argv[1:])}`",
+        "store": f"global 0.25 degree t2m + skt, {args.hours} hours, prepared by gridtnp data prepare from daily "
+        "NetCDF files (synthetic fields: latitude profile, diurnal cycle, smooth anomalies, noise)",
+        "per CPU s": "tasks over the CPU seconds of the loading process and its workers (a shared machine's wall "
+        "rate understates what the cores give)",
+    }
+    title = "Data at scale: prepare and training-loader throughput (global 0.25 degree)"
+    for path in write_table(args.out.with_name(args.out.name + "_scale").with_suffix(".md"), title, meta, rows):
+        print(f"wrote {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--small", action="store_true", help="1 degree global store of 7 days, fewer batches")
@@ -112,7 +305,15 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=40, help="batches per measurement (40)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "data_loading_cpu")
+    p.add_argument("--scale", action="store_true", help="the paper-scale run: prepare timed, station and multi-source")
+    p.add_argument("--hours", type=int, default=48, help="--scale: hours of global data (48; the paper: years)")
+    p.add_argument("--latency", type=float, default=0.05, help="--scale: added latency of the HTTP store (0.05 s)")
+    p.add_argument("--skip-prepare", action="store_true", help="--scale: reuse the prepared store if present")
     args = p.parse_args()
+    if args.scale:
+        args.store_dir.mkdir(parents=True, exist_ok=True)
+        scale_main(args)
+        return
     if args.small:
         args.resolution, args.days, args.batches = 1.0, 7, 20
     args.store_dir.mkdir(parents=True, exist_ok=True)

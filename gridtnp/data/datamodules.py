@@ -54,8 +54,27 @@ class TrainTaskStream(IterableDataset):
 
     def __init__(self, task: Task, batch_size: int, num_batches: int, seed: int = 0, rank: int = 0) -> None:
         self.task, self.batch_size, self.num_batches = task, batch_size, num_batches
-        self.seed, self.rank, self.epoch = seed, rank, 0
-        self.start = 0  # first batch index of the next iteration: > 0 when resuming mid-epoch
+        self.seed, self.rank = seed, rank
+        # (epoch, first batch index of the next iteration) in shared memory: persistent DataLoader workers, which
+        # keep their copy of this stream (and their open store and chunk cache) across epochs, read them from here.
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._position[0])
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._position[0] = int(value)
+
+    @property
+    def start(self) -> int:
+        """First batch index of the next iteration: > 0 when resuming mid-epoch."""
+        return int(self._position[1])
+
+    @start.setter
+    def start(self, value: int) -> None:
+        self._position[1] = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the tasks of ``epoch`` on the next iteration."""
@@ -71,8 +90,8 @@ class TrainTaskStream(IterableDataset):
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch = self.epoch
-        for index in range(self.start + worker, self.num_batches, workers):
+        epoch, start = self.epoch, self.start
+        for index in range(start + worker, self.num_batches, workers):
             yield self.task.sample(self.batch_size, self.generator(index, epoch))
 
 
@@ -113,8 +132,9 @@ class _EpochLoader(DataLoader):
     """A resumable DataLoader that tells its TrainTaskStream the epoch each time an iteration starts.
 
     Lightning only calls ``set_epoch`` on samplers, which an IterableDataset does not have. The epoch comes from
-    ``epoch_fn`` (the trainer's ``current_epoch``), or counts iterations when that returns None. Workers are not
-    persistent so each epoch's workers receive the updated dataset.
+    ``epoch_fn`` (the trainer's ``current_epoch``), or counts iterations when that returns None. Workers are
+    persistent (with ``num_workers > 0``): the stream keeps its epoch and start in shared memory, so the same
+    workers, their store handles and chunk caches serve every epoch.
 
     ``state_dict`` holds the epoch and ``consumed_fn()``, the number of its batches that training has finished
     (Lightning prefetches, so the count of batches handed out would be ahead); after ``load_state_dict`` the next
@@ -232,7 +252,11 @@ class TaskDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         return _EpochLoader(
-            self.train_dataset(), self._epoch, self._consumed, persistent_workers=False, **self.loader_kwargs()
+            self.train_dataset(),
+            self._epoch,
+            self._consumed,
+            persistent_workers=self.num_workers > 0,
+            **self.loader_kwargs(),
         )
 
     def eval_dataloader(self, split: str) -> DataLoader:

@@ -6,7 +6,8 @@ statistics in ``attrs["gridtnp_stats"]``.
 
 * ``open_store(path_or_url, variables)``: the store as a lazy ``xarray.Dataset``, its layout checked
   (``check_layout``) or, with ``convert_layout``, converted on read.
-* ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box.
+* ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box; ``region_index(ds, box)``: the
+  index slices of such a box (for ``ChunkCache``).
 * ``normalisation_stats(ds, variable, level)``: ``(mean, std)`` of a variable over the training period.
 * ``ChunkCache``: whole time chunks ``[steps, ..., H, W]`` of a store in a per-process LRU;
   ``read([(variable, time index [T])]) -> [fields [T, H, W]]``.
@@ -185,8 +186,20 @@ def normalisation_stats(
     return mean, std
 
 
+def region_index(ds: xr.Dataset, box: xr.Dataset) -> dict[str, slice]:
+    """Index slices ``{"latitude": slice, "longitude": slice}`` of ``ds`` that hold ``box`` (a ``select`` of it)."""
+    out = {}
+    for dim in ("latitude", "longitude"):
+        first = int(np.searchsorted(ds[dim].values, box[dim].values[0]))
+        out[dim] = slice(first, first + box.sizes[dim])
+    return out
+
+
 def _step(axis: np.ndarray) -> float:
     return float(np.median(np.diff(axis))) if axis.size > 1 else float("nan")
+
+
+REMOTE_FETCH_THREADS = 16  # chunk reads in flight per process from a URL store
 
 
 class ChunkCache:
@@ -196,8 +209,10 @@ class ChunkCache:
     spatial chunks overlapping it are fetched from a store chunked in space too.
 
     The store is opened on first use in each process (a DataLoader worker opens its own handle) and the handle
-    and cached arrays are dropped when pickled. ``reads`` counts chunks read from the store, ``hits`` requests
-    served from memory, ``loaded`` lists the ``(variable, chunk)`` pairs read, for tests and benchmarks.
+    and cached arrays are dropped when pickled. The chunks a read misses are fetched concurrently,
+    ``fetch_threads`` at a time (default: 16 for a URL, 1 for a local store), each once. ``reads`` counts chunks
+    read from the store, ``hits`` requests served from memory, ``loaded`` lists the ``(variable, chunk)`` pairs
+    read, for tests and benchmarks.
     """
 
     def __init__(
@@ -208,10 +223,17 @@ class ChunkCache:
         variables: Sequence[str] = (),
         region: dict[str, slice] | None = None,
         convert_layout: bool = False,
+        fetch_threads: int | None = None,
     ) -> None:
         self.store, self.capacity, self.storage_options = store, capacity, storage_options
         self.convert_layout = convert_layout
         self.variables, self.region = list(variables), dict(region or {})
+        # Chunks missing from a batch are fetched concurrently from a remote store (latency, not bandwidth, bounds
+        # one chunk at a time); a local store reads them in turn.
+        self.fetch_threads = (
+            fetch_threads if fetch_threads is not None else (REMOTE_FETCH_THREADS if is_url(store) else 1)
+        )
+        self._pool: Any = None
         self._ds: xr.Dataset | None = None
         self._pid: int | None = None
         self._bounds: dict[str, np.ndarray] = {}
@@ -220,7 +242,7 @@ class ChunkCache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_ds=None, _pid=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[])
+        state.update(_ds=None, _pid=None, _pool=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[])
         return state
 
     def dataset(self) -> xr.Dataset:
@@ -228,8 +250,26 @@ class ChunkCache:
         if self._ds is None or self._pid != os.getpid():
             ds = open_store(self.store, self.variables or None, self.storage_options, self.convert_layout)
             self._ds = ds.isel(self.region) if self.region else ds
-            self._pid, self._lru, self._bounds = os.getpid(), OrderedDict(), {}
+            self._pid, self._lru, self._bounds, self._pool = os.getpid(), OrderedDict(), {}, None
         return self._ds
+
+    def _fetch(self, jobs: list[tuple[str, int]]) -> list[np.ndarray]:
+        """The chunks ``[(variable, chunk)]`` as arrays, read concurrently by this process's threads (created
+        after a fork into a DataLoader worker; dask's own pool would not survive it)."""
+        ds = self.dataset()
+
+        def one(job: tuple[str, int]) -> np.ndarray:
+            variable, c = job
+            bounds = self.bounds(variable)
+            return np.asarray(ds[variable].data[bounds[c] : bounds[c + 1]].compute(scheduler="synchronous"))
+
+        if self.fetch_threads <= 1 or len(jobs) == 1:
+            return [one(job) for job in jobs]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.fetch_threads, thread_name_prefix="gridtnp-chunks")
+        return list(self._pool.map(one, jobs))
 
     def bounds(self, variable: str) -> np.ndarray:
         """Chunk boundaries along time ``[C + 1]`` of ``variable``: chunk ``c`` holds steps ``[b[c], b[c + 1])``."""
@@ -252,8 +292,8 @@ class ChunkCache:
         return spans[0][0], ", ".join(str(c) for c in spans[0][1]), err
 
     def read(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        """``[(variable, time index [T])]`` -> ``[fields [T, H, W]]``, reading each missing chunk once (one compute)."""
-        ds = self.dataset()
+        """``[(variable, time index [T])]`` -> ``[fields [T, H, W]]``, reading each missing chunk once."""
+        self.dataset()
         located = []
         for variable, index in requests:
             bounds = self.bounds(variable)
@@ -263,34 +303,20 @@ class ChunkCache:
         missing = [key for key in needed if key not in self._lru]
         self.hits += len(needed) - len(missing)
         if missing:
-            import dask
-
-            per_var: dict[str, list[int]] = {}
-            for variable, c in missing:
-                per_var.setdefault(variable, []).append(c)
-            lazy, spans = [], []
-            for variable, chunks in per_var.items():  # one fancy index per variable over its missing chunks
-                bounds = self.bounds(variable)
-                steps = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in chunks])
-                lazy.append(ds[variable].data[steps])
-                spans.append((variable, chunks, bounds))
-            # Synchronous: dask's thread pool does not survive a fork into DataLoader workers (reads would hang);
-            # the workers are the parallelism.
             try:
-                computed = dask.compute(*lazy, scheduler="synchronous")
+                computed = self._fetch(missing)
             except Exception as err:  # a truncated / corrupt chunk, a dropped connection, a missing chunk file
+                spans = [
+                    (v, [c for w, c in missing if w == v], self.bounds(v)) for v in dict.fromkeys(v for v, _ in missing)
+                ]
                 variable, chunk, err = self._failing_chunk(spans, err)
                 raise DataError(
                     f"{self.store}: reading {variable!r} time chunks [{chunk}] failed ({type(err).__name__}: {err}). "
                     "The store may be truncated or corrupt: re-run `gridtnp data prepare ... --overwrite`, or "
                     "check the connection for a URL."
                 ) from err
-            for data, (variable, chunks, bounds) in zip(computed, spans, strict=True):
-                start = 0
-                for c in chunks:
-                    stop = start + int(bounds[c + 1] - bounds[c])
-                    self._lru[(variable, c)] = np.asarray(data[start:stop], dtype=np.float32)
-                    start = stop
+            for key, data in zip(missing, computed, strict=True):
+                self._lru[key] = np.asarray(data, dtype=np.float32)
             self.reads += len(missing)
             self.loaded.extend(missing)
         for key in needed:
@@ -299,6 +325,11 @@ class ChunkCache:
         for variable, index, chunk, bounds in located:
             first = self._lru[(variable, int(chunk[0]))]
             field = np.empty((len(index), *first.shape[1:]), dtype=np.float32)
+            if len(index) <= 64:  # a batch's handful of steps: copied straight in, one step at a time
+                for i, (c, t) in enumerate(zip(chunk.tolist(), (index - bounds[chunk]).tolist(), strict=True)):
+                    field[i] = self._lru[(variable, c)][t]
+                out.append(field)
+                continue
             for c in np.unique(chunk):  # a loop over chunks, each filled by one fancy index
                 sel = chunk == c
                 field[sel] = self._lru[(variable, int(c))][index[sel] - bounds[c]]

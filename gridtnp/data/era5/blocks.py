@@ -12,6 +12,11 @@ one size are the equally valid ways to coarsen a field by ``c``. ``o = 0`` is ``
   coordinates, across the date line for wrapped blocks).
 * ``BlockLayout.means(values [B, H * W, V])``: NaN-aware block means ``[B, size, V]`` (NaN where a block has no
   finite value or does not exist), by one ``bincount`` per variable over all tasks at once.
+* ``BlockLayout.fast_means(values [B, H, W, V])``: the same means by a ``reduceat`` along each axis per distinct
+  layout of the batch (no per-point labels; the station task's path).
+* ``LayoutTables(lat, lon, wrap_lon, points)``: what depends on a layout alone, built once per ``(factor, offset)``:
+  block centres (``centres(layout) -> [B, size, 2]``) and the means of the blocks holding ``points`` only
+  (``point_means(layout, values [B, H * W]) -> [B, S]``, the coarse-cell baseline at the stations).
 * ``draw_layouts(batch, factors, offset, generator)``: per-task sizes from ``factors`` and offsets (random or fixed).
 """
 
@@ -42,8 +47,66 @@ class BlockLayout:
         self.block_cols = np.where(wraps, whole, self.block_cols)
         self.num_blocks = self.block_rows * self.block_cols  # [B]
         self.size = int(self.num_blocks.max())
-        self.labels = (rows[:, :, None] * self.block_cols[:, None, None] + cols[:, None, :]).reshape(len(factor), -1)
+        self.rows, self.cols = rows, cols  # [B, H], [B, W] block row / column of each fine row / column
         self.factor, self.offset, self.shape = factor, offset, (h, w)
+        self._labels: np.ndarray | None = None
+
+    @property
+    def labels(self) -> np.ndarray:
+        """``[B, H * W]``: each task's block (index into ``size``) of every fine point, built on first use."""
+        if self._labels is None:
+            b = len(self.factor)
+            grid = self.rows[:, :, None] * self.block_cols[:, None, None] + self.cols[:, None, :]
+            self._labels = grid.reshape(b, -1)
+        return self._labels
+
+    def key(self, task: int) -> tuple[int, int, int]:
+        """``(factor, lat offset, lon offset)`` of task ``task``: tasks with equal keys share every block."""
+        return int(self.factor[task]), int(self.offset[task, 0]), int(self.offset[task, 1])
+
+    def groups(self) -> dict[tuple[int, int, int], np.ndarray]:
+        """The tasks of each distinct layout: ``{key: task indices}``."""
+        out: dict[tuple[int, int, int], list[int]] = {}
+        for task in range(len(self.factor)):
+            out.setdefault(self.key(task), []).append(task)
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def block_sums(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-block sums of the finite values and their counts, ``[B, size, V]`` each (0 beyond ``num_blocks``),
+        of ``values [B, H, W, V]``: a ``reduceat`` along each axis per distinct layout (no per-point labels)."""
+        b, h, w, v = values.shape
+        total = np.zeros((b, self.size, v), dtype=np.float64)
+        count = np.zeros((b, self.size, v), dtype=np.float64)
+        for tasks in self.groups().values():
+            t0 = int(tasks[0])
+            row_edges = np.flatnonzero(np.diff(self.rows[t0], prepend=-1))  # first fine row of each block row
+            col_edges = np.flatnonzero(np.diff(self.cols[t0] + self.wrapped[t0] * w, prepend=-1))
+            part = values if len(tasks) == b else values[tasks]  # [k, H, W, V], summed in float64 below
+            finite = np.isfinite(part)
+            has_nan = not finite.all()
+            if has_nan:
+                part = np.where(finite, part, 0.0)
+            sums = np.add.reduceat(np.add.reduceat(part, col_edges, axis=2, dtype=np.float64), row_edges, axis=1)
+            if has_nan:
+                counts = np.add.reduceat(np.add.reduceat(finite.astype(np.float64), col_edges, axis=2), row_edges, 1)
+            else:  # points per block, the same for every task and variable of this layout
+                sizes = np.outer(np.diff(np.append(row_edges, h)), np.diff(np.append(col_edges, w)))
+                counts = np.broadcast_to(sizes[None, :, :, None].astype(np.float64), sums.shape).copy()
+            if self.wrapped[t0].any():  # the partial last column block joins the first, across the date line
+                sums[:, :, 0] += sums[:, :, -1]
+                counts[:, :, 0] += counts[:, :, -1]
+                sums, counts = sums[:, :, :-1], counts[:, :, :-1]
+            n = sums.shape[1] * sums.shape[2]
+            total[tasks, :n] = sums.reshape(len(tasks), n, v)
+            count[tasks, :n] = counts.reshape(len(tasks), n, v)
+        return total, count
+
+    def fast_means(self, values: np.ndarray) -> np.ndarray:
+        """``means`` of ``values [B, H, W, V]`` by ``block_sums``: the same values (up to summation order), NaN
+        where a block has no finite value or does not exist."""
+        total, count = self.block_sums(values)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / count, np.nan)
 
     @property
     def exists(self) -> np.ndarray:
@@ -76,7 +139,76 @@ class BlockLayout:
 
     def block_of(self, flat_index: np.ndarray) -> np.ndarray:
         """``[B, S]``: each task's block (index into ``size``) of the fine points ``flat_index [S]`` (``i * W + j``)."""
-        return self.labels[:, flat_index]
+        i, j = np.divmod(np.asarray(flat_index), self.shape[1])
+        return self.rows[:, i] * self.block_cols[:, None] + self.cols[:, j]
+
+
+class LayoutTables:
+    """What depends on a layout alone, computed once per ``(factor, offset)`` and reused by every task drawing it:
+    block centres (``centres``) and the fine points of the block holding each of ``points`` (``point_means``).
+
+    ``lat [H]``, ``lon [W]``: the fine grid; ``points [S]``: flat indices (``i * W + j``) of points whose block
+    means are wanted (e.g. stations, for the coarse-cell baseline). A layout's tables are built from a one-task
+    ``BlockLayout`` (``coordinates``, ``labels``), so they are the values those give.
+    """
+
+    def __init__(self, lat: np.ndarray, lon: np.ndarray, wrap_lon: bool = False, points: np.ndarray | None = None):
+        self.lat, self.lon = np.asarray(lat, dtype=np.float64), np.asarray(lon, dtype=np.float64)
+        self.shape, self.wrap_lon = (len(self.lat), len(self.lon)), wrap_lon
+        self.points = None if points is None else np.asarray(points, dtype=np.int64)
+        self._centres: dict[tuple[int, int, int], np.ndarray] = {}
+        self._members: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def _single(self, key: tuple[int, int, int]) -> BlockLayout:
+        factor, o_lat, o_lon = key
+        return BlockLayout(np.array([factor]), np.array([[o_lat, o_lon]]), self.shape, self.wrap_lon)
+
+    def layout_centres(self, key: tuple[int, int, int]) -> np.ndarray:
+        """Block centres ``[num_blocks, 2]`` of layout ``key = (factor, lat offset, lon offset)``."""
+        if key not in self._centres:
+            single = self._single(key)
+            self._centres[key] = single.coordinates(self.lat, self.lon)[0, : int(single.num_blocks[0])]
+        return self._centres[key]
+
+    def centres(self, layout: BlockLayout) -> np.ndarray:
+        """``layout.coordinates(lat, lon)`` from the tables: block centres ``[B, size, 2]``, 0 for padding slots."""
+        out = np.zeros((len(layout.factor), layout.size, 2), dtype=np.float64)
+        for key, tasks in layout.groups().items():
+            centres = self.layout_centres(key)
+            out[tasks, : len(centres)] = centres
+        return out
+
+    def members(self, key: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """The fine points of the block holding each of ``points``: indices ``[S, M]`` and which are real ``[S, M]``
+        (``M`` the largest block's point count)."""
+        if self.points is None:
+            raise ValueError("LayoutTables: point_means needs the points given at construction.")
+        if key not in self._members:
+            labels = self._single(key).labels[0]  # [H * W]
+            order = np.argsort(labels, kind="stable")
+            starts = np.searchsorted(labels[order], np.arange(int(labels.max()) + 2))
+            block = labels[self.points]  # [S]
+            first, size = starts[block], starts[block + 1] - starts[block]
+            width = int(size.max())
+            k = np.arange(width)
+            valid = k[None, :] < size[:, None]
+            index = order[np.where(valid, first[:, None] + k[None, :], 0)]
+            self._members[key] = (index, valid)
+        return self._members[key]
+
+    def point_means(self, layout: BlockLayout, values: np.ndarray) -> np.ndarray:
+        """NaN-aware mean ``[B, S]`` of ``values [B, H * W]`` over the block (of each task's layout) holding each
+        of ``points``: one block mean per point, without the means of blocks holding none."""
+        out = np.empty((len(layout.factor), len(self.points)), dtype=np.float64)  # type: ignore[arg-type]
+        for key, tasks in layout.groups().items():
+            index, valid = self.members(key)
+            picked = values[tasks][:, index].astype(np.float64)  # [k, S, M]
+            ok = valid[None] & np.isfinite(picked)
+            total = np.where(ok, picked, 0.0).sum(-1)
+            count = ok.sum(-1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[tasks] = np.where(count > 0, total / count, np.nan)
+        return out
 
 
 def draw_layouts(

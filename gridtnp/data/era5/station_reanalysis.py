@@ -17,12 +17,13 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader
 
+from gridtnp.data.climatology import CLIMATOLOGY_ATTR, read_climatology
 from gridtnp.data.datamodules import check_counts
 from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationReanalysisTask
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
 from gridtnp.data.stations import snap_to_grid
-from gridtnp.data.store import normalisation_stats
+from gridtnp.data.store import normalisation_stats, region_index, select
 from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range
 from gridtnp.registry import ConfigError, register
 
@@ -74,6 +75,8 @@ class StationReanalysisDataModule(StoreDataModule):
         store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample once into
             ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) and reuses it.
         stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
+        region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store): the grid, the
+            stations and the climatology are those of this box, and only its spatial chunks are read.
         station_variable: the variable observed at the stations (context and targets).
         grid_variables: the variables of the on-the-grid context; an empty list drops the ``"grid"`` source (the
             paper's t2m-only ablation: stations alone).
@@ -134,6 +137,7 @@ class StationReanalysisDataModule(StoreDataModule):
         self,
         store: str | None = None,
         stations: str | None = None,
+        region: tuple[float, float, float, float] | None = None,
         station_variable: str = "t2m",
         grid_variables: Sequence[str] = ("t2m",),
         coarsen: int | Sequence[int] = 4,
@@ -209,6 +213,9 @@ class StationReanalysisDataModule(StoreDataModule):
             raise ConfigError(f"{where}: time_features needs grid_variables (the clock rides on the grid context).")
         self.save_hyperparameters()
         self.stations = stations
+        if region is not None and (isinstance(region, str) or len(region) != 4):
+            raise ConfigError(f"{where}: region must be (lat_min, lat_max, lon_min, lon_max); got {region!r}.")
+        self.region = None if region is None else tuple(float(v) for v in region)
         self.station_variable, self.grid_variables = station_variable, list(grid_variables)
         self.targets, self.eval_draws, self.eval_stride = targets, eval_draws, eval_stride
         self.time_features, self.climatology = bool(time_features), bool(climatology)
@@ -254,6 +261,10 @@ class StationReanalysisDataModule(StoreDataModule):
         path = self.store_path()
         variables = list(dict.fromkeys([*self.grid_variables, self.station_variable]))
         ds = self.open(variables)
+        region = None
+        if self.region is not None:
+            box = select(ds, region=self.region)
+            region, ds = region_index(ds, box), box
         for v in variables:
             if ds[v].dims != DIMS:
                 raise DataError(
@@ -291,7 +302,7 @@ class StationReanalysisDataModule(StoreDataModule):
             self.splits[name] = Split(name, target_time[ok], grid_time[ok])
 
         self.task = StationReanalysisTask(
-            self.chunk_cache(variables),
+            self.chunk_cache(variables, region),
             self.grid_variables,
             self.station_variable,
             stats,
@@ -301,7 +312,7 @@ class StationReanalysisDataModule(StoreDataModule):
             self.context_fraction,
             self.targets,
             (time.hour + time.minute / 60.0).to_numpy(np.float64) if self.time_features else None,
-            self.hourly_climatology(ds, variables, path) if self.climatology else None,
+            self.hourly_climatology(ds, variables, path, region) if self.climatology else None,
             time.hour.to_numpy(np.int64),
             self.random_points,
             self.num_targets,
@@ -312,9 +323,18 @@ class StationReanalysisDataModule(StoreDataModule):
                 f"{self.task.num_stations} points."
             )
 
-    def hourly_climatology(self, ds: xr.Dataset, variables: Sequence[str], path: str) -> dict[str, np.ndarray]:
-        """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours."""
+    def hourly_climatology(
+        self, ds: xr.Dataset, variables: Sequence[str], path: str, region: dict[str, slice] | None = None
+    ) -> dict[str, np.ndarray]:
+        """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours,
+        read from the store when ``gridtnp data prepare --climatology`` stored it for those hours, else computed
+        from the store (a pass over the training period)."""
         hours = self.splits["train"].target_time
+        stored = read_climatology(
+            path, variables, ds.indexes["time"], hours, ds.attrs.get(CLIMATOLOGY_ATTR), self.storage_options, region
+        )
+        if stored is not None:
+            return stored
         hour_of_day = ds.indexes["time"].hour.to_numpy()[hours]
         missing = sorted(set(range(24)) - set(hour_of_day.tolist()))
         if missing:

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from gridtnp.batch import Batch
 from gridtnp.data.datamodules import generator_from
-from gridtnp.data.era5.blocks import BlockLayout, draw_layouts
+from gridtnp.data.era5.blocks import BlockLayout, LayoutTables, draw_layouts
 from gridtnp.data.store import ChunkCache
 from gridtnp.data.store_datamodule import masked_observations
 
@@ -62,6 +62,8 @@ class StationReanalysisTask:
         # x is the grid point the value is read from (as in the paper), not the CSV coordinate up to half a cell away.
         self.station_x = np.stack([self.lat[station_index[0]], self.lon[station_index[1]]], -1).astype(np.float32)
         self.layouts, self.context_fraction, self.targets = layouts, context_fraction, targets
+        # Block centres and the station blocks' points per layout, built once (a handful of layouts per run).
+        self.tables = LayoutTables(self.lat, self.lon, self.wrap_lon, self.station_flat)
         self.hour_of_day = hour_of_day  # [T] hour of day (fractional) of each store time, or None
         # {variable: [24, H * W]} mean of each UTC hour of day over the training dates, and [T] each time's hour:
         # values are then departures from it (the DataModule's ``climatology``).
@@ -131,28 +133,36 @@ class StationReanalysisTask:
         station_at_grid_time = fields[self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
         # Departures from each grid point's own reference (its climatology at that hour, or the variable's mean)
         # before the blocks average them: a block's share of sea or hill then no longer shifts its value.
-        grid_fields = [f - self.reference(v, t_grid) for f, v in zip(fields[:n_grid], self.grid_variables, strict=True)]
-        coarse = layout.means(np.stack([*grid_fields, station_at_grid_time], -1))
-        coarse_station = coarse[..., -1]  # [B, G] the station variable at the grid time, in its units
-        coarse = coarse[..., :n_grid]  # [B, G, V] the grid variables at the grid time, block means of departures
+        if self.climatology is None:  # a constant reference per variable: averaged first, subtracted after
+            grid_fields = fields[0][..., None] if n_grid == 1 else np.stack(fields[:n_grid], -1)
+            shift = np.array([self.reference(v, t_grid) for v in self.grid_variables])  # [V]
+        else:
+            references = [self.reference(v, t_grid) for v in self.grid_variables]
+            grid_fields = np.stack([f - r for f, r in zip(fields[:n_grid], references, strict=True)], -1)
+            shift = np.zeros(n_grid)
+        coarse = layout.fast_means(grid_fields.reshape(b, *self.shape, n_grid)) - shift  # [B, G, V] of departures
+        # The station variable's block means at the grid time, in its units, for the stations' blocks only [B, S].
+        if self.random_points:  # other points in every task: the layout's block means, read at each task's points
+            blocks = np.take_along_axis(layout.labels, flat, 1)  # [B, S]
+            coarse_station = np.take_along_axis(layout.means(station_at_grid_time[..., None])[..., 0], blocks, 1)
+        else:  # the stations' blocks only, from tables cached per layout
+            coarse_station = self.tables.point_means(layout, station_at_grid_time)
 
         # On-the-grid context: every block of the task's layout, at the mean of its points' coordinates,
         # normalised; blocks with a NaN in any variable (or padding beyond a task's block count) are masked out.
-        grid_x = layout.coordinates(self.lat, self.lon)  # [B, G, 2]
+        grid_x = self.tables.centres(layout)  # [B, G, 2]
         y_grid = (coarse / self.std).astype(np.float32)
         grid_ok = np.isfinite(y_grid).all(-1) & layout.exists
         if self.hour_of_day is not None:  # (sin, cos) of the target's hour of day on every block: [B, G, 2]
             angle = 2 * np.pi * self.hour_of_day[t_target] / 24.0
             clock = np.stack([np.sin(angle), np.cos(angle)], -1).astype(np.float32)
             y_grid = np.concatenate([y_grid, np.broadcast_to(clock[:, None], (*y_grid.shape[:2], 2))], -1)
-        rows = np.arange(b)[:, None]
         station_value = np.take_along_axis(fields[n_grid], flat, 1)  # [B, S]
         reference = self.reference(self.station_variable, t_target, flat)
         station_y = (station_value - reference) / self.station_std  # [B, S]
         station_ok = np.isfinite(station_y)
         # Normalised error of predicting each station by its coarse cell's value (not its departure).
-        block = np.take_along_axis(layout.labels, flat, 1)  # [B, S] each point's coarse block
-        baseline_err = (coarse_station[rows, block] - station_value) / self.station_std
+        baseline_err = (coarse_station - station_value) / self.station_std
 
         # Off-the-grid context: the first n_ctx stations of each task's order; targets: the rest, or every station.
         width_c = max(int(n_ctx.max()), 1)

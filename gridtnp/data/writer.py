@@ -1,0 +1,285 @@
+"""``gridtnp data prepare``'s writer: the store written block by block in time, resumable after a kill.
+
+Each block (whole time chunks, about ``BLOCK_BYTES`` of float32, 128 MiB) is read concurrently (dask, ``jobs``
+threads, or the ``dask.distributed`` cluster of an active ``Client``), written into the Zarr arrays, and folded
+into running statistics: per variable (and level) the count, mean and sum of squared deviations of the finite
+training values (merged block by block, Chan et al.), and with ``climatology`` the sums and counts per UTC hour of
+day. Memory is one block and the climatology sums, whatever the number of inputs.
+
+A checkpoint (``STATE``: the blocks done and the statistics so far, in the partial store) is saved every
+``checkpoint_s`` seconds; a rerun of the same request (same ``fingerprint``) resumes after the last checkpoint's
+blocks, rewriting none of them, and gives the store an uninterrupted run gives (the blocks and the order of the
+merges are the same).
+
+* ``write_blocks(ds, store, train, fingerprint, ...) -> (stats, climatology)``: write ``ds``'s data into the
+  arrays of ``store`` (already created), return ``{variable: {"mean", "std"[, "levels"]}}`` and the climatology
+  (an ``xarray.Dataset`` ``[hour, ..., lat, lon]`` or None).
+* ``block_steps(ds, steps)``: time steps per block (a multiple of the chunk's ``steps``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dask
+import numpy as np
+import xarray as xr
+
+from gridtnp.files import atomic_write
+
+STATE = ".gridtnp_prepare_state.json"
+CLIMATOLOGY_SUMS = ".gridtnp_prepare_climatology.npz"
+BLOCK_BYTES = 128 * 2**20
+MOMENT_ELEMENTS = 2**22  # values per float64 pass of the running statistics (32 MiB)
+
+
+def block_steps(ds: xr.Dataset, steps: int, target: int = BLOCK_BYTES) -> int:
+    """Time steps per block: whole chunks of ``steps``, about ``target`` bytes of float32 over every variable."""
+    per_step = sum(4 * int(np.prod([ds.sizes[d] for d in v.dims if d != "time"])) for v in ds.data_vars.values())
+    return steps * max(1, target // max(per_step * steps, 1))
+
+
+class _Moments:
+    """Count, mean and sum of squared deviations ``[L]`` (one per level, or one) of the finite values seen."""
+
+    def __init__(self, levels: int) -> None:
+        self.n = np.zeros(levels)
+        self.mean = np.zeros(levels)
+        self.m2 = np.zeros(levels)
+
+    def add(self, values: np.ndarray, level_axis: int | None) -> None:
+        """Fold in ``values [T, (L,) H, W]`` (float32), per level when ``level_axis`` is given, a few time steps
+        at a time (float64 copies of a whole block would take several times its memory)."""
+        per_step = max(1, int(np.prod(values.shape[1:])))
+        step = max(1, MOMENT_ELEMENTS // per_step)
+        for t in range(0, values.shape[0], step):
+            self._add(values[t : t + step], level_axis)
+
+    def _add(self, values: np.ndarray, level_axis: int | None) -> None:
+        x = values.astype(np.float64)
+        x = x.reshape(1, -1) if level_axis is None else np.moveaxis(x, level_axis, 0).reshape(x.shape[level_axis], -1)
+        finite = np.isfinite(x)
+        n = finite.sum(1).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(finite, x, 0.0).sum(1) / n
+            m2 = np.where(finite, (x - mean[:, None]) ** 2, 0.0).sum(1)
+        ok = n > 0
+        total = self.n + n
+        delta = np.where(ok, mean - self.mean, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(ok, n / np.where(total > 0, total, 1.0), 0.0)
+        self.m2 = self.m2 + np.where(ok, m2, 0.0) + delta**2 * self.n * share
+        self.mean = self.mean + delta * share
+        self.n = total
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean [L], std [L])``, NaN where no finite value was seen."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.n > 0, self.mean, np.nan), np.where(self.n > 0, np.sqrt(self.m2 / self.n), np.nan)
+
+    def state(self) -> dict[str, list[float]]:
+        return {"n": self.n.tolist(), "mean": self.mean.tolist(), "m2": self.m2.tolist()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, list[float]]) -> _Moments:
+        out = cls(len(state["n"]))
+        out.n, out.mean, out.m2 = (np.asarray(state[k], dtype=np.float64) for k in ("n", "mean", "m2"))
+        return out
+
+
+def write_blocks(
+    ds: xr.Dataset,
+    store: Path,
+    train: tuple[int, int],
+    fingerprint: dict[str, Any],
+    steps: int,
+    climatology: bool = False,
+    jobs: int | None = None,
+    checkpoint_s: float = 30.0,
+    log: Callable[[str], None] = print,
+    every: float = 10.0,
+    block: int | None = None,
+    offset: int = 0,
+    write: bool = True,
+) -> tuple[dict[str, dict[str, Any]], xr.Dataset | None]:
+    """Write the data of ``ds`` (lazy, chunked ``steps`` in time) into ``store``'s arrays block by block, from time
+    index ``offset`` of the arrays on (``write=False``: only read, for the statistics); the statistics and
+    climatology are over the time indices ``train = (first, stop)`` of ``ds``. Resumes from ``store``'s
+    checkpoint when its fingerprint equals ``fingerprint``."""
+    import zarr
+
+    # Not the consolidated metadata: after an append it still has the arrays' old shapes (writes would be clipped).
+    unconsolidated = {"use_consolidated": False} if int(zarr.__version__.split(".")[0]) >= 3 else {}
+    group = zarr.open_group(str(store), mode="r+" if write else "r", **unconsolidated)
+    names = [str(v) for v in ds.data_vars]
+    level_axis = {v: (1 if ds[v].ndim == 4 else None) for v in names}
+    moments = {v: _Moments(ds[v].shape[1] if level_axis[v] else 1) for v in names}
+    hour_of_day = ds.indexes["time"].hour.to_numpy()
+    clim_sum = clim_count = None
+    if climatology:
+        clim_sum = {v: np.zeros((24, *ds[v].shape[1:])) for v in names}
+        clim_count = {v: np.zeros((24, *ds[v].shape[1:]), dtype=np.int32) for v in names}  # up to 245,000 years
+    size = block or block_steps(ds, steps)
+    total = ds.sizes["time"]
+    starts = list(range(0, total, size))
+    done = _resume(store, fingerprint, moments, clim_sum, clim_count)
+    if done:
+        log(f"gridtnp data prepare: resuming after {done} of {len(starts)} blocks ({starts[done]} of {total} hours)")
+    nbytes = sum(4 * int(np.prod(ds[v].shape)) for v in names)
+    started, last_log, last_save = time.perf_counter(), 0.0, time.perf_counter()
+    first_hour = starts[done] if done < len(starts) else total
+    for index in range(done, len(starts)):
+        a, b = starts[index], min(starts[index] + size, total)
+        arrays = dask.compute(*[ds[v].data[a:b] for v in names], **({"num_workers": jobs} if jobs else {}))
+        for v, values in zip(names, arrays, strict=True):
+            if write:
+                group[v][offset + a : offset + b] = values
+            lo, hi = max(a, train[0]), min(b, train[1])
+            if lo < hi:
+                part = values[lo - a : hi - a]
+                moments[v].add(part, level_axis[v])
+                if clim_sum is not None and clim_count is not None:
+                    _add_hours(clim_sum[v], clim_count[v], part, hour_of_day[lo:hi])
+        now = time.perf_counter()
+        if write and (now - last_save >= checkpoint_s or index == len(starts) - 1):
+            _save(store, fingerprint, index + 1, moments, clim_sum, clim_count)
+            last_save = now
+        if now - last_log >= every or index == len(starts) - 1:
+            last_log = now
+            log(_progress_line(b - first_hour, total - first_hour, nbytes * (b - first_hour) / total, now - started))
+    stats = {}
+    for v in names:
+        mean, std = moments[v].result()
+        entry: dict[str, Any] = {}
+        if level_axis[v] is not None:
+            counts = moments[v].n
+            pooled = _Moments(1)
+            pooled.n = np.array([counts.sum()])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                pooled.mean = np.array([np.nansum(mean * counts) / counts.sum()])
+            pooled.m2 = np.array([np.nansum(moments[v].m2) + np.nansum(counts * (mean - pooled.mean[0]) ** 2)])
+            overall_mean, overall_std = pooled.result()
+            entry = {"mean": overall_mean[0], "std": overall_std[0]}
+            entry["levels"] = (ds[v][ds[v].dims[1]].values, mean, std)
+        else:
+            entry = {"mean": mean[0], "std": std[0]}
+        stats[v] = entry
+    clim = _climatology(ds, clim_sum, clim_count) if clim_sum is not None else None
+    return stats, clim
+
+
+def _add_hours(total: np.ndarray, count: np.ndarray, values: np.ndarray, hours: np.ndarray) -> None:
+    for h in np.unique(hours):
+        x = values[hours == h].astype(np.float64)
+        finite = np.isfinite(x)
+        total[h] += np.where(finite, x, 0.0).sum(0)
+        count[h] += finite.sum(0)
+
+
+def _climatology(ds: xr.Dataset, total: dict[str, np.ndarray], count: dict[str, np.ndarray]) -> xr.Dataset:
+    """The hourly means ``[hour, ..., lat, lon]`` of the hours that had training steps."""
+    any_count = next(iter(count.values()))
+    hours = [h for h in range(24) if any_count[h].any()]
+    out = {}
+    for v, sums in total.items():
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(count[v] > 0, sums / np.maximum(count[v], 1), np.nan)[hours]
+        out[v] = (("hour", *ds[v].dims[1:]), mean)
+    coords = {d: ds[d].values for v in ds.data_vars for d in ds[v].dims[1:]}
+    return xr.Dataset(out, coords={"hour": np.asarray(hours, dtype=np.int64), **coords})
+
+
+def _save(
+    store: Path,
+    fingerprint: dict[str, Any],
+    done: int,
+    moments: dict[str, _Moments],
+    clim_sum: dict[str, np.ndarray] | None,
+    clim_count: dict[str, np.ndarray] | None,
+) -> None:
+    """Checkpoint: the climatology sums first, then the state naming them (a kill between leaves the old state)."""
+    if clim_sum is not None and clim_count is not None:
+        arrays = {f"sum/{v}": a for v, a in clim_sum.items()} | {f"count/{v}": a for v, a in clim_count.items()}
+        atomic_write(store / f"{CLIMATOLOGY_SUMS}.{done}", lambda f: np.savez(f, **arrays))
+    state = {"fingerprint": fingerprint, "done": done, "moments": {v: m.state() for v, m in moments.items()}}
+    atomic_write(store / STATE, lambda f: f.write(json.dumps(state).encode()))
+    for old in store.glob(f"{CLIMATOLOGY_SUMS}.*"):
+        if old.name != f"{CLIMATOLOGY_SUMS}.{done}":
+            old.unlink(missing_ok=True)
+
+
+def _resume(
+    store: Path,
+    fingerprint: dict[str, Any],
+    moments: dict[str, _Moments],
+    clim_sum: dict[str, np.ndarray] | None,
+    clim_count: dict[str, np.ndarray] | None,
+) -> int:
+    """Blocks done by an earlier run of the same request into ``store`` (0 if none), its statistics loaded."""
+    try:
+        state = json.loads((store / STATE).read_text())
+    except (OSError, ValueError):
+        return 0
+    if state.get("fingerprint") != json.loads(json.dumps(fingerprint)):
+        return 0
+    done = int(state["done"])
+    if done == 0:
+        return 0
+    if clim_sum is not None and clim_count is not None:
+        try:
+            with np.load(store / f"{CLIMATOLOGY_SUMS}.{done}") as saved:
+                for v in clim_sum:
+                    clim_sum[v][...] = saved[f"sum/{v}"]
+                    clim_count[v][...] = saved[f"count/{v}"]
+        except (OSError, KeyError, ValueError):
+            return 0
+    for v, m in moments.items():
+        loaded = _Moments.from_state(state["moments"][v])
+        m.n, m.mean, m.m2 = loaded.n, loaded.mean, loaded.m2
+    return done
+
+
+def state_matches(store: Path, fingerprint: dict[str, Any]) -> bool:
+    """Whether ``store`` holds a checkpoint of the request ``fingerprint`` (a killed run to resume)."""
+    try:
+        state = json.loads((store / STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return state.get("fingerprint") == json.loads(json.dumps(fingerprint))
+
+
+def clear_state(store: Path) -> None:
+    """Remove the checkpoint files from a finished store."""
+    (store / STATE).unlink(missing_ok=True)
+    for path in store.glob(f"{CLIMATOLOGY_SUMS}*"):
+        path.unlink(missing_ok=True)
+
+
+def _progress_line(done: int, total: int, nbytes: float, elapsed: float) -> str:
+    share = done / total if total else 1.0
+    rate = nbytes / max(elapsed, 1e-9) / 1e6
+    left = elapsed * (1 - share) / share if share > 0 else math.nan
+    return (
+        f"gridtnp data prepare: hours {done:,} / {total:,} ({100 * share:.0f} %), {rate:.0f} MB/s, "
+        f"{_duration(left)} left"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "?"
+    seconds = round(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def cpu_jobs() -> int:
+    """Default read concurrency: the CPU count (at least 2)."""
+    return max(2, os.cpu_count() or 1)

@@ -1,0 +1,41 @@
+"""Per-layout tables of the station task's coarse context (``gridtnp.data.era5.blocks``): cached block centres,
+block sums by ``reduceat`` and the stations' block means equal what the per-task label bincounts give."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from gridtnp.data.era5.blocks import BlockLayout, LayoutTables
+
+
+@pytest.mark.parametrize("wrap_lon", [False, True])
+def test_cached_tables_equal_the_recomputed_values_for_every_layout(wrap_lon: bool) -> None:
+    rng = np.random.default_rng(1)
+    h, w = 13, 24  # 2, 3, 4 divide 24 (blocks wrap across the date line when wrap_lon), 5 does not
+    lat = np.linspace(-60.0, 60.0, h)
+    lon = np.arange(-180.0, 180.0, 15.0)
+    points = rng.choice(h * w, 40, replace=False)
+    tables = LayoutTables(lat, lon, wrap_lon, points)
+    keys = [(f, a, o) for f in (1, 2, 3, 4, 5) for a, o in itertools.product(range(f), range(f))]
+    for chunk in range(0, len(keys), 7):  # batches mixing layouts, some repeated (served from the cache)
+        batch = keys[chunk : chunk + 7] + keys[chunk : chunk + 2]
+        factor = np.array([k[0] for k in batch])
+        offset = np.array([[k[1], k[2]] for k in batch])
+        layout = BlockLayout(factor, offset, (h, w), wrap_lon)
+        values = rng.normal(size=(len(batch), h, w, 2))
+        values[0, :3, :5, 0] = np.nan  # NaN-aware means, an all-NaN block
+        values[1, 4, 7, 1] = np.nan
+        want = layout.means(values.reshape(len(batch), h * w, 2))
+        np.testing.assert_allclose(layout.fast_means(values), want, rtol=1e-12, atol=1e-12, equal_nan=True)
+        np.testing.assert_array_equal(tables.centres(layout), layout.coordinates(lat, lon))
+        station = values[..., 1].reshape(len(batch), h * w)
+        rows = np.arange(len(batch))[:, None]
+        expected = want[..., 1][rows, layout.labels[:, points]]
+        np.testing.assert_allclose(
+            tables.point_means(layout, station), expected, rtol=1e-12, atol=1e-12, equal_nan=True
+        )
+        np.testing.assert_array_equal(layout.block_of(points), layout.labels[:, points])
+    assert len(tables._centres) == len(keys) and len(tables._members) == len(keys)
