@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from harness import command_line, device_name, git_commit, write_table  # noqa: E402
 
 from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
+from gridtnp.data.inputs import auto_time_chunk  # noqa: E402
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR  # noqa: E402
-from gridtnp.data.prepare import auto_time_chunk  # noqa: E402
 
 
 def synthetic_store(directory: Path, resolution: float, days: int) -> Path:

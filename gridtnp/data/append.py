@@ -22,8 +22,10 @@ import numpy as np
 import xarray as xr
 
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
+from gridtnp.data.inputs import Selection, open_sources
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR, DataError, iso, select_time
-from gridtnp.data.writer import STATE, _save, clear_state, state_matches, write_blocks
+from gridtnp.data.output_store import finish_store, is_prepared_store, stats_attr, to_float32
+from gridtnp.data.writer import STATE, clear_state, save_state, state_matches, write_blocks
 
 
 def append(
@@ -42,9 +44,6 @@ def append(
     recomputed over ``[train_start, train_end]`` (default: the recorded training period)."""
     import zarr
 
-    from gridtnp.data.prepare import Selection, _finish_store, _to_float32, is_prepared_store
-    from gridtnp.data.prepare import open_sources as open_inputs
-
     log = print if progress else (lambda *a, **k: None)
     path = Path(store)
     if not is_prepared_store(path):
@@ -59,9 +58,9 @@ def append(
     last = old.indexes["time"][length - 1]
 
     selection = Selection(storage_options=storage_options)
-    source = open_inputs(inputs, names, steps, selection)
+    source = open_sources(inputs, names, steps, selection)
     try:
-        new = _to_float32(source)
+        new = to_float32(source)
         new = new.isel(time=np.flatnonzero(new.indexes["time"] > last))
         if new.sizes["time"] == 0:
             raise DataError(f"{', '.join(map(str, inputs))}: no time step after the store's last one ({iso(last)}).")
@@ -86,7 +85,7 @@ def append(
                     "it first."
                 )
             log(f"gridtnp data prepare: appending {new.sizes['time']} steps from {iso(new.time.values[0])} to {path}")
-            _save(path, fingerprint, 0, {}, None, None)  # before the arrays grow: a kill from here on resumes
+            save_state(path, fingerprint, 0, {}, None, None)  # before the arrays grow: a kill from here on resumes
             new.to_zarr(path, append_dim="time", compute=False, consolidated=False, safe_chunks=False)
         write_blocks(
             new, path, (0, 0), fingerprint, steps, False, jobs, checkpoint_s, log, block=block_steps, offset=length
@@ -104,7 +103,7 @@ def append(
     extra: dict[str, Any] = {}
     if recompute_stats:
         stats, extra = _recompute(path, stats, attrs, train_start, train_end, jobs, log)
-    _finish_store(path, stats, provenance, extra)
+    finish_store(path, stats, provenance, extra)
     log(f"gridtnp data prepare: {path} now covers {iso(xr.open_zarr(path).time.values[-1])}")
     return path
 
@@ -119,7 +118,6 @@ def _recompute(
     log: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The statistics (and the climatology, if the store has one) over the training period, from the store."""
-    from gridtnp.data.prepare import _stats_attr
 
     first = next(iter(recorded.values()))
     start = train_start or first.get("train_start")
@@ -134,4 +132,4 @@ def _recompute(
     log(f"gridtnp data prepare: recomputing the statistics over {period}")
     stats, clim = write_blocks(ds, path, span, {}, steps, climatology, jobs, float("inf"), log, write=False)
     extra = {CLIMATOLOGY_ATTR: write_climatology(path, clim, train)} if clim is not None else {}
-    return _stats_attr(stats, train, [str(path)]), extra
+    return stats_attr(stats, train, [str(path)]), extra

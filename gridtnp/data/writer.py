@@ -148,7 +148,7 @@ def write_blocks(
                     _add_hours(clim_sum[v], clim_count[v], part, hour_of_day[lo:hi])
         now = time.perf_counter()
         if write and (now - last_save >= checkpoint_s or index == len(starts) - 1):
-            _save(store, fingerprint, index + 1, moments, clim_sum, clim_count)
+            save_state(store, fingerprint, index + 1, moments, clim_sum, clim_count)
             last_save = now
         if now - last_log >= every or index == len(starts) - 1:
             last_log = now
@@ -195,7 +195,7 @@ def _climatology(ds: xr.Dataset, total: dict[str, np.ndarray], count: dict[str, 
     return xr.Dataset(out, coords={"hour": np.asarray(hours, dtype=np.int64), **coords})
 
 
-def _save(
+def save_state(
     store: Path,
     fingerprint: dict[str, Any],
     done: int,

@@ -300,7 +300,7 @@ def test_snap_to_grid_matches_brute_force_nearest(lat_axis: np.ndarray, lon_axis
 def test_automatic_time_chunks_keep_chunks_small_for_random_access() -> None:
     import dask.array as da
 
-    from gridtnp.data.prepare import auto_time_chunk
+    from gridtnp.data.inputs import auto_time_chunk
 
     def grid(*shape: int) -> xr.Dataset:
         dims = (

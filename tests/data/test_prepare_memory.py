@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from gridtnp.data.prepare import NETCDF_CHUNK_CACHE
+from gridtnp.data.inputs import NETCDF_CHUNK_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 PEAK = """
