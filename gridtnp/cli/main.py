@@ -1,8 +1,9 @@
 """``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, ``list`` for the registry, ``data prepare``,
-``plot`` for PNG figures of a checkpoint's predictions.
+``plot`` for PNG figures of a checkpoint's predictions, ``report`` for one HTML page of its evaluation.
 
 gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
 gridtnp plot --config recipes/gp1d_tnp.yaml --ckpt_path runs/.../last.ckpt --out plots/
+gridtnp report --config recipes/era5_swin.yaml --ckpt_path runs/.../last.ckpt --out report.html
 gridtnp list processor
 gridtnp list processor swin
 gridtnp list model --params
@@ -274,89 +275,107 @@ def list_components(args: list[str]) -> None:
         print(f"\n`gridtnp list {opts.kind} NAME` shows one {opts.kind}'s arguments.")
 
 
-def plot_main(args: list[str]) -> None:
-    """``gridtnp plot --config RECIPE --ckpt_path CKPT --out DIR [--split val|test] [--num_tasks N]``: PNG files.
-
-    Other arguments (``--data.init_args.store ...``) are passed to the recipe as in ``gridtnp test``.
-    """
-    parser = argparse.ArgumentParser(
-        prog="gridtnp plot",
-        description="Write prediction plots (1-D tasks, maps, standardised errors, a reliability diagram over the "
-        "whole split) of a checkpoint as PNG files. "
-        "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
-    )
+def _evaluation_parser(prog: str, description: str, out_help: str) -> argparse.ArgumentParser:
+    """The options ``gridtnp plot`` and ``gridtnp report`` share."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", required=True, action="append", help="the recipe the checkpoint was trained with")
     parser.add_argument("--ckpt_path", required=True, type=Path, help="checkpoint (.ckpt) to load the weights from")
-    parser.add_argument("--out", required=True, type=Path, help="directory for the PNG files")
-    parser.add_argument("--overwrite", action="store_true", help="replace the PNG files of an existing plot folder")
+    parser.add_argument("--out", required=True, type=Path, help=out_help)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output of this command")
     parser.add_argument("--split", choices=["val", "test"], default="test", help="which fixed task set to draw from")
-    parser.add_argument("--num_tasks", type=int, default=4, help="tasks to draw (default 4)")
     parser.add_argument(
         "--geographic",
         choices=["auto", "yes", "no"],
         default="auto",
         help="inputs are (latitude, longitude) in degrees (auto: ask the DataModule)",
     )
+    return parser
+
+
+def load_checkpoint(config: list[str], ckpt_path: Path, rest: list[str]) -> GridTNPCLI:
+    """The recipe's model and DataModule (``cli.model``, ``cli.datamodule``; other ``--model.* / --data.*``
+    arguments override the recipe) with the checkpoint's weights, statistics and variance calibration, in eval mode."""
+    if not ckpt_path.is_file():
+        raise ConfigError(f"--ckpt_path {ckpt_path}: no such file.")
+    resume_checkpoint(ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
+    config_args = [a for c in config for a in ("--config", c)]
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when sys.argv has arguments besides ``args``
+    try:
+        cli = GridTNPCLI(run=False, args=[*config_args, *rest, "--trainer.logger", "false"])
+    finally:
+        sys.argv = argv
+    check_checkpoint_model(ckpt_path, cli.config.get("model"))
+    module = cli.model
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    if hasattr(module, "on_load_checkpoint"):
+        module.on_load_checkpoint(checkpoint)  # the data's statistics, the variance calibration's buffers
+    module.load_state_dict(checkpoint["state_dict"])
+    module.eval()
+    return cli
+
+
+def plot_main(args: list[str]) -> None:
+    """``gridtnp plot --config RECIPE --ckpt_path CKPT --out DIR [--split val|test] [--num_tasks N]``: PNG files.
+
+    Other arguments (``--data.init_args.store ...``) are passed to the recipe as in ``gridtnp test``.
+    """
+    parser = _evaluation_parser(
+        "gridtnp plot",
+        "Write prediction plots of a checkpoint as PNG files: maps of the first tasks (in the data's physical units "
+        "where the DataModule converts them), the calibration by kind of target (reliability, PIT, standardised "
+        "errors) and, for station tasks, per-station RMSE and time series, over the whole split. "
+        "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
+        "directory for the PNG files",
+    )
+    parser.add_argument("--num_tasks", type=int, default=4, help="tasks to draw (default 4)")
     opts, rest = parser.parse_known_args(args)
     if opts.num_tasks < 1:
         parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
     if not opts.ckpt_path.is_file():
         parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
-    resume_checkpoint(opts.ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
     check_output(opts.out, "plot folder", "--overwrite", opts.overwrite, is_plot_folder)
-    from gridtnp.plots import (  # matplotlib only loads for this subcommand and the callback
-        evaluation_figures,
-        is_geographic,
-        oracle_posterior,
-        plot_reliability,
-        plot_standardised_errors,
-        standardised_errors,
-    )
+    from gridtnp.evaluation import run_split  # matplotlib only loads for this subcommand and the callback
+    from gridtnp.plots import split_figures
 
-    config_args = [a for c in opts.config for a in ("--config", c)]
-    cli = GridTNPCLI(run=False, args=[*config_args, *rest, "--trainer.logger", "false"])
-    check_checkpoint_model(opts.ckpt_path, cli.config.get("model"))
+    cli = load_checkpoint(opts.config, opts.ckpt_path, rest)
     module, datamodule = cli.model, cli.datamodule
-    checkpoint = torch.load(opts.ckpt_path, map_location="cpu", weights_only=False)
-    if hasattr(module, "on_load_checkpoint"):
-        module.on_load_checkpoint(checkpoint)  # e.g. the variance calibration's buffers
-    module.load_state_dict(checkpoint["state_dict"])
-    module.eval()
-    datamodule.setup("validate" if opts.split == "val" else "test")
-    loader = datamodule.val_dataloader() if opts.split == "val" else datamodule.test_dataloader()
-    geographic = is_geographic(datamodule) if opts.geographic == "auto" else opts.geographic == "yes"
-    posterior = oracle_posterior(datamodule)
-    calibrate = getattr(module, "calibrate", None) if getattr(module, "variance_calibration", False) else None
-
+    evaluation = run_split(module, datamodule, opts.split, opts.num_tasks)
+    geographic = None if opts.geographic == "auto" else opts.geographic == "yes"
+    figures = split_figures(evaluation, module, datamodule, geographic)
     opts.out.mkdir(parents=True, exist_ok=True)
-    written, errors, raw_errors, done, seen = [], [], [], 0, 0
-    for batch in loader:  # every batch of the split for the error plots, the first tasks for the maps
-        batch = module.transfer_batch_to_device(batch, module.device, 0)
-        count = min(opts.num_tasks - done, batch.batch_size)
-        if count > 0:
-            figures = evaluation_figures(module.model, batch, count, geographic, posterior, first_index=done)
-            figures.pop("standardised_errors")
-            for name, fig in figures.items():
-                path = opts.out / f"{opts.split}_{name}.png"
-                fig.savefig(path, dpi=110)
-                written.append(path)
-            done += count
-        with torch.no_grad():
-            dist = module(batch)
-            errors.append(standardised_errors(batch, calibrate(dist) if calibrate else dist))
-            if calibrate:
-                raw_errors.append(standardised_errors(batch, dist))
-        seen += batch.batch_size
-    fig = plot_standardised_errors(torch.cat(errors), title=f"{opts.split}: standardised errors of {seen} tasks")
-    curves = {"calibrated" if calibrate else "model": torch.cat(errors)}
-    if calibrate:
-        curves["uncalibrated"] = torch.cat(raw_errors)
-    reliability = plot_reliability(curves, title=f"{opts.split}: reliability over {seen} tasks")
-    for name, figure in (("standardised_errors", fig), ("reliability", reliability)):
+    written = []
+    for name, figure in figures.items():
         path = opts.out / f"{opts.split}_{name}.png"
         figure.savefig(path, dpi=110)
         written.append(path)
     print(f"gridtnp plot: {len(written)} files in {opts.out}: " + ", ".join(p.name for p in written))
+
+
+def report_main(args: list[str]) -> None:
+    """``gridtnp report --config RECIPE --ckpt_path CKPT --out report.html``: one self-contained HTML page."""
+    parser = _evaluation_parser(
+        "gridtnp report",
+        "Evaluate a checkpoint on the test (or validation) split and write one self-contained HTML page: the metric "
+        "table (all / context / held-out targets, calibrated and not, the baselines beside), maps, calibration and "
+        "per-station figures (embedded, no network needed to view it), the recipe and the checkpoint. "
+        "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
+        "the HTML file to write",
+    )
+    parser.add_argument("--num_tasks", type=int, default=2, help="tasks drawn as maps (default 2)")
+    opts, rest = parser.parse_known_args(args)
+    if opts.num_tasks < 1:
+        parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
+    if not opts.ckpt_path.is_file():
+        parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
+    if opts.out.suffix.lower() not in (".html", ".htm"):
+        parser.error(f"--out {opts.out}: expected an .html file name")
+    from gridtnp.cli.html_report import is_report, write_report
+
+    check_output(opts.out, "report", "--overwrite", opts.overwrite, is_report)
+    cli = load_checkpoint(opts.config, opts.ckpt_path, rest)
+    geographic = None if opts.geographic == "auto" else opts.geographic == "yes"
+    path = write_report(cli, opts.ckpt_path, opts.config, opts.out, opts.split, opts.num_tasks, geographic)
+    print(f"gridtnp report: written to {path}")
 
 
 SUBCOMMANDS = {
@@ -366,6 +385,7 @@ SUBCOMMANDS = {
     "predict": "write a checkpoint's predictions as NetCDF or Zarr (--predictions.path)",
     "list": "the registry: gridtnp list [KIND [NAME]] [--params]",
     "plot": "PNG plots of a checkpoint's predictions: gridtnp plot --config R --ckpt_path C --out DIR",
+    "report": "one HTML page of a checkpoint's evaluation: gridtnp report --config R --ckpt_path C --out F.html",
     "data": "gridtnp data prepare: NetCDF / GRIB -> a Zarr store for the ERA5 DataModules",
 }
 
@@ -403,6 +423,8 @@ def main(argv: list[str] | None = None) -> None:
             list_components(args[1:])
         elif args and args[0] == "plot":
             plot_main(args[1:])
+        elif args and args[0] == "report":
+            report_main(args[1:])
         elif args and args[0] == "data":
             from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand
 
@@ -422,4 +444,3 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"gridtnp: error: {config_error}", file=sys.stderr)
         raise SystemExit(2) from None
-
