@@ -208,7 +208,7 @@ def map_in_units(one: Batch, physical: Any, module: Any, title: str = "") -> Fig
     observed = np.asarray(physical["observed"].values, dtype=np.float64)
     keep = np.isfinite(observed)
     x = np.stack([physical["latitude"].values, physical["longitude"].values], -1)[keep]
-    label = variable_label(physical["observed"].attrs)
+    label = variable_label(physical["mean"].attrs)
     units = str(physical["mean"].attrs.get("units", "")) or "normalised"
     context, marked = [], []
     for name, obs in one.context.items():
@@ -407,7 +407,7 @@ def plot_station_errors(physical: Any, title: str = "") -> Figure:
         _geographic_axes(ax, [x[ok]])
         ax.set_title(f"{name} ({int(ok.sum())} stations)", fontsize=9)
     hours = physical.sizes["time"]
-    fig.suptitle(title or f"per-station RMSE of {variable_label(physical['observed'].attrs)} over {hours} test hours")
+    fig.suptitle(title or f"per-station RMSE of {variable_label(physical['mean'].attrs)} over {hours} hours")
     return fig
 
 
@@ -429,7 +429,8 @@ def plot_station_series(physical: Any, stations: list[int] | None = None) -> Fig
     stations = pick_stations(physical) if stations is None else stations
     first = ~physical.indexes["time"].duplicated()  # one task per hour (the first context draw)
     data = physical.isel(time=np.flatnonzero(first))
-    label = variable_label(data["observed"].attrs)
+    label = variable_label(data["mean"].attrs)
+    units = str(data["mean"].attrs.get("units", ""))
     h = central_interval_halfwidth(0.9)
     fig = Figure(figsize=(11, 2.6 * max(len(stations), 1)), layout="constrained")
     axes = fig.subplots(max(len(stations), 1), 1, squeeze=False)[:, 0]
@@ -446,7 +447,7 @@ def plot_station_series(physical: Any, stations: list[int] | None = None) -> Fig
         rmse = float(np.sqrt(np.nanmean((mean - obs) ** 2)))
         name = str(row["station_id"].values) if "station_id" in row.coords else f"station {s}"
         lat, lon = float(row["latitude"]), float(row["longitude"])
-        ax.set_title(f"{name} ({lat:.2f} N, {lon:.2f} E): RMSE {rmse:.2f}", fontsize=9)
+        ax.set_title(f"{name} ({lat:.2f} N, {lon:.2f} E): RMSE {rmse:.2f} {units}".rstrip(), fontsize=9)
         ax.set_ylabel(label, fontsize=8)
         ax.legend(fontsize=7, ncols=4, loc="upper left")
     fig.suptitle("observed and predicted at three stations (largest, middle and smallest RMSE)")
