@@ -88,7 +88,7 @@ def _geographic_axes(ax: Any, points: list[np.ndarray]) -> None:
     ax.set_xlim(lon_lo - pad_lon, lon_hi + pad_lon)
     ax.set_ylim(lat_lo - pad_lat, lat_hi + pad_lat)
     middle = float(np.clip((lat_lo + lat_hi) / 2, -80, 80))
-    ax.set_aspect(1.0 / math.cos(math.radians(middle)), adjustable="datalim")
+    ax.set_aspect(1.0 / math.cos(math.radians(middle)), adjustable="box")
     draw_coastlines(ax, (float(lon_lo), float(lon_hi)), (float(lat_lo), float(lat_hi)))
 
 
