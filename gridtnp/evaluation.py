@@ -1,7 +1,7 @@
 """One evaluation of a checkpoint on a split, gathered for ``gridtnp plot`` and ``gridtnp report``.
 
-* ``batch_outputs(module, batch)``: the module's prediction step (calibrated ``std``) with the uncalibrated
-  ``raw_std``, on the CPU.
+* ``batch_outputs(module, batch)``: what the module's prediction step gives (calibrated ``std``) with the
+  uncalibrated ``raw_std``, on the CPU.
 * ``Evaluation``: the outputs of every batch of the split, the first tasks kept whole for maps, and the outputs in
   physical units as the DataModule's ``predictions_to_xarray`` (``gridtnp predict``'s conversion) writes them.
 * ``errors_by_kind(outputs)``: standardised errors ``{"all" | "held-out" | "context": {"calibrated" |
@@ -23,14 +23,25 @@ from gridtnp.batch import Batch
 from gridtnp.data.contract import optional
 
 
-def batch_outputs(module: Any, batch: Batch) -> dict[str, Tensor]:
-    """``module.predict_step`` of ``batch`` (calibrated ``mean``, ``std [B, Nt, Dy]``, ``x``, ``y``, ``mask`` and the
-    extras) plus ``raw_std``, the std before the variance calibration."""
-    with torch.no_grad():
-        out = module.predict_step(batch, 1)
-    scale = getattr(module, "std_scale", None) if getattr(module, "variance_calibration", False) else None
-    out["raw_std"] = out["std"] / scale.detach().float().cpu() if scale is not None else out["std"]
-    return out
+def batch_outputs(module: Any, batch: Batch, dist: Any = None) -> dict[str, Tensor]:
+    """What ``module.predict_step`` gives for ``batch`` (calibrated ``mean``, ``std [B, Nt, Dy]``, ``x``, ``y``,
+    ``mask`` and the extras, on the CPU) plus ``raw_std``, the std before the variance calibration; ``dist``: the
+    module's predictive for this batch when a test step already computed it (no second forward pass)."""
+    if dist is None:
+        with torch.no_grad():
+            dist = module(batch)
+    calibrate = getattr(module, "calibrate", None)
+    target = batch.target
+    out = {
+        "mean": dist.mean,
+        "std": calibrate(dist).stddev if callable(calibrate) else dist.stddev,
+        "raw_std": dist.stddev,
+        "x": target.x,
+        "y": target.y,
+        "mask": target.mask,
+        **batch.extras,
+    }
+    return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 
 
 @dataclass
@@ -49,11 +60,12 @@ class Evaluation:
     def num_tasks(self) -> int:
         return sum(int(o["mean"].shape[0]) for o in self.outputs)
 
-    def add(self, module: Any, batch: Batch, keep: int) -> None:
-        """Add one batch's outputs, keeping its first ``keep`` tasks whole (on the CPU) for maps."""
+    def add(self, module: Any, batch: Batch, keep: int, dist: Any = None) -> None:
+        """Add one batch's outputs (``dist``: its predictive, if already computed), keeping its first ``keep`` tasks
+        whole (on the CPU) for maps."""
         from gridtnp.plots import task_batch
 
-        out = batch_outputs(module, batch)
+        out = batch_outputs(module, batch, dist)
         self.outputs.append(out)
         b = int(out["mean"].shape[0])
         for i in range(min(keep, b)):

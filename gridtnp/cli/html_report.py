@@ -136,20 +136,47 @@ def render_report(
 
 
 class _Collect(L.Callback):
-    """Gathers every evaluation batch's outputs into an ``Evaluation`` (a second forward pass per batch)."""
+    """Gathers every evaluation batch's outputs into an ``Evaluation``, from the predictive the test (or
+    validation) step computed (a forward hook keeps it: no second forward pass)."""
 
     def __init__(self, evaluation: Any, num_tasks: int) -> None:
         self.evaluation, self.num_tasks = evaluation, num_tasks
+        self.dist: Any = None
+        self.handle: Any = None
+
+    def _keep(self, module: Any, args: Any, output: Any) -> None:
+        self.dist = output
+
+    def _start(self, pl_module: Any) -> None:
+        self.handle = pl_module.register_forward_hook(self._keep)
 
     def _add(self, pl_module: Any, batch: Any) -> None:
-        self.evaluation.add(pl_module, batch, self.num_tasks - len(self.evaluation.tasks))
+        self.evaluation.add(pl_module, batch, self.num_tasks - len(self.evaluation.tasks), self.dist)
+        self.dist = None
+
+    def _end(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start(pl_module)
 
     def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, *args: Any) -> None:
         self._add(pl_module, batch)
 
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start(pl_module)
+
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, *args: Any) -> None:
         if not trainer.sanity_checking:
             self._add(pl_module, batch)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end()
 
 
 def write_report(

@@ -13,11 +13,14 @@ gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-en
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +295,22 @@ def _evaluation_parser(prog: str, description: str, out_help: str) -> argparse.A
     return parser
 
 
+@contextlib.contextmanager
+def quiet_lightning_info() -> Iterator[None]:
+    """Without Lightning's info lines (``Seed set to 0``, ``GPU available: False, used: False``...): ``gridtnp
+    plot`` and ``report`` print what they wrote and nothing a user cannot act on (warnings still show)."""
+    names = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def load_checkpoint(config: list[str], ckpt_path: Path, rest: list[str]) -> GridTNPCLI:
     """The recipe's model and DataModule (``cli.model``, ``cli.datamodule``; other ``--model.* / --data.*``
     arguments override the recipe) with the checkpoint's weights, statistics and variance calibration, in eval mode."""
@@ -337,11 +356,12 @@ def plot_main(args: list[str]) -> None:
     from gridtnp.evaluation import run_split  # matplotlib only loads for this subcommand and the callback
     from gridtnp.plots import split_figures
 
-    cli = load_checkpoint(opts.config, opts.ckpt_path, rest)
-    module, datamodule = cli.model, cli.datamodule
-    evaluation = run_split(module, datamodule, opts.split, opts.num_tasks)
-    geographic = None if opts.geographic == "auto" else opts.geographic == "yes"
-    figures = split_figures(evaluation, module, datamodule, geographic)
+    with quiet_lightning_info():
+        cli = load_checkpoint(opts.config, opts.ckpt_path, rest)
+        module, datamodule = cli.model, cli.datamodule
+        evaluation = run_split(module, datamodule, opts.split, opts.num_tasks)
+        geographic = None if opts.geographic == "auto" else opts.geographic == "yes"
+        figures = split_figures(evaluation, module, datamodule, geographic)
     opts.out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, figure in figures.items():
@@ -372,9 +392,10 @@ def report_main(args: list[str]) -> None:
     from gridtnp.cli.html_report import is_report, write_report
 
     check_output(opts.out, "report", "--overwrite", opts.overwrite, is_report)
-    cli = load_checkpoint(opts.config, opts.ckpt_path, rest)
     geographic = None if opts.geographic == "auto" else opts.geographic == "yes"
-    path = write_report(cli, opts.ckpt_path, opts.config, opts.out, opts.split, opts.num_tasks, geographic)
+    with quiet_lightning_info():
+        cli = load_checkpoint(opts.config, opts.ckpt_path, rest)
+        path = write_report(cli, opts.ckpt_path, opts.config, opts.out, opts.split, opts.num_tasks, geographic)
     print(f"gridtnp report: written to {path}")
 
 
