@@ -25,7 +25,8 @@ ONE_DAY = ["--data.init_args.test_dates", '["2019-03-27", "2019-03-27"]', "--dat
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-step ERA5 Swin-TNP checkpoint on the embedded sample (prepared into a temporary cache)."""
+    """A 2-step ERA5 Swin-TNP checkpoint on the embedded sample (prepared into a temporary cache), its variance
+    calibration fitted on four validation hours."""
     root = tmp_path_factory.mktemp("era5_report")
     mp = pytest.MonkeyPatch()
     mp.setenv("GRIDTNP_CACHE", str(root / "cache"))
@@ -35,7 +36,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "fit", "--config", RECIPE, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
             "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
             "--checkpoint.dirpath", str(root / "ckpt"), "--trainer.enable_progress_bar", "false",
-            "--plots.every_n_validations", "0", "--trainer.logger", "false",
+            "--plots.every_n_validations", "0", "--trainer.logger", "false", "--trainer.num_sanity_val_steps", "0",
+            "--data.init_args.val_dates", '["2019-03-22", "2019-03-22"]', "--data.init_args.eval_stride", "6",
         ]
     )  # fmt: skip
     yield root / "ckpt" / "last.ckpt"
