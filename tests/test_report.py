@@ -156,3 +156,25 @@ def screenshot_shows_the_page(page: Path, tmp_path: Path) -> None:
     top, bottom = slice(0, 500), slice(500, 2000)
     assert ink[top].mean() > 0.005, "no table or title drawn at the top of the page"
     assert colour[bottom].mean() > 0.01, "no figure drawn below the table"
+
+
+def test_held_out_targets_are_placed_on_their_stations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from gridtnp.data import StationReanalysisDataModule
+
+    monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path / "cache"))
+    dm = StationReanalysisDataModule(targets="held_out", batch_size=4, climatology=True)
+    dm.prepare_data()
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    target = batch.target
+    output = {"mean": target.y, "std": torch.ones_like(target.y), "x": target.x, "y": target.y, "mask": target.mask}
+    ds = dm.predictions_to_xarray([{**output, **batch.extras}])
+    assert ds.sizes["station"] == dm.task.num_stations and target.x.shape[1] < dm.task.num_stations
+    observed, mean = ds["observed"].values, ds["mean"].values
+    np.testing.assert_array_equal(np.isfinite(observed), np.isfinite(mean))
+    assert (np.isfinite(observed).sum(1) == target.mask.sum(1).numpy()).all()  # one value per held-out target
+    np.testing.assert_allclose(observed[np.isfinite(observed)], mean[np.isfinite(mean)], atol=1e-3)
+    assert 250 < np.nanmean(observed) < 300 and not ds["is_context"].values.any()
+    assert np.isfinite(ds["baseline_sq_error"].values).sum() == int(target.mask.sum())

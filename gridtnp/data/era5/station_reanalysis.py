@@ -385,9 +385,9 @@ class StationReanalysisDataModule(StoreDataModule):
         ``[B, S, ...]`` by their location (NaN, 0 or False, and masked, at stations that were not targets)."""
         assert self.task is not None
         station_x = torch.from_numpy(self.task.station_x)
-        x = output["x"]
+        x = output.get("x")
         s = len(station_x)
-        if x.shape[1] == s and bool((x == station_x).all()):
+        if x is None or (x.shape[1] == s and bool((x == station_x).all())):  # without x: in station order
             return output
         index = {tuple(p): i for i, p in enumerate(self.task.station_x.tolist())}
         b, p = x.shape[:2]
