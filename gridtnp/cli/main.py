@@ -1,8 +1,11 @@
-"""``gridtnp``: ``fit | validate | test | predict`` through LightningCLI, ``list`` for the registry, ``data prepare``,
-``plot`` for PNG figures of a checkpoint's predictions.
+"""``gridtnp``: the console entry point and its subcommands.
+
+``fit | validate | test | predict`` (``gridtnp.cli.lightning``), ``list`` for the registry, ``data prepare``
+(``gridtnp.data.prepare``), ``plot`` and ``report`` (``gridtnp.cli.evaluate``).
 
 gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
 gridtnp plot --config recipes/gp1d_tnp.yaml --ckpt_path runs/.../last.ckpt --out plots/
+gridtnp report --config recipes/era5_swin.yaml --ckpt_path runs/.../last.ckpt --out report.html
 gridtnp list processor
 gridtnp list processor swin
 gridtnp list model --params
@@ -13,312 +16,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import hashlib
-import json
-import os
-import signal
 import sys
-from pathlib import Path
-from typing import Any
 
-import lightning as L
-import torch
-from jsonargparse import Namespace
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_only
-
+from gridtnp.cli.evaluate import plot_main, report_main
 from gridtnp.cli.guards import (
     argument_error_line,
-    check_checkpoint_model,
-    check_trainer_options,
-    command_line_model_keys,
-    count_limits,
     environment_error_line,
     find_config_error,
-    infer_monitor_mode,
-    is_plot_folder,
 )
-from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, quiet_third_party, versioned_path
-from gridtnp.files import check_output, is_url
-from gridtnp.redaction import redact
+from gridtnp.cli.lightning import GridTNPCLI, run_lightning
+from gridtnp.cli.reports import quiet_third_party
 from gridtnp.registry import KINDS, ConfigError, available, describe, document
-from gridtnp.training.checkpointing import (
-    LOGGER_VERSION,
-    Checkpoint,
-    SaveConfig,
-    best_checkpoint,
-    checkpoint_entry,
-    checkpoint_step,
-    resume_checkpoint,
-)
-from gridtnp.training.locks import lock_directory, unlock_directory
 
 __all__ = ["GridTNPCLI", "main"]
-
-
-class GridTNPCLI(LightningCLI):
-    """LightningCLI for any ``NeuralProcessModule`` and ``LightningDataModule`` (``class_path`` in the recipe),
-    with gridtnp's trainer defaults, a best/last checkpoint callback (``--checkpoint.*``), prediction plots logged to
-    TensorBoard (``--plots.*``, ``gridtnp.plots.PlotCallback``), a prediction writer (``--predictions.*``), the
-    parameter count printed, and the test metrics printed as a table and written to JSON.
-
-    ``fit`` resumes from the newest readable checkpoint with ``--ckpt_path last``, and by itself when an explicitly
-    set ``--checkpoint.dirpath`` already holds checkpoints (a requeued job reruns the same command); the resolved
-    config is saved beside the checkpoints.
-    """
-
-    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
-        from gridtnp.module import NeuralProcessModule
-
-        kwargs.setdefault("trainer_defaults", trainer_defaults())
-        kwargs.setdefault("save_config_callback", SaveConfig)
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        # Raise instead of printing the usage text first: main() turns the error into one line with a hint.
-        no_exit = {"exit_on_error": False}
-        kwargs.setdefault(
-            "parser_kwargs", {**no_exit, **{sub: no_exit for sub in ("fit", "validate", "test", "predict")}}
-        )
-        super().__init__(
-            NeuralProcessModule,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            args=args,
-            run=run,
-            **kwargs,
-        )
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        from gridtnp.plots import PlotCallback
-        from gridtnp.predictions import PredictionWriter
-
-        parser.add_lightning_class_args(Checkpoint, "checkpoint")
-        parser.add_lightning_class_args(PlotCallback, "plots")
-        parser.add_lightning_class_args(PredictionWriter, "predictions")
-        parser.add_lightning_class_args(ProgressLog, "progress")
-        parser.add_argument(
-            "--allow_untrained",
-            type=bool,
-            default=False,
-            help="let test / predict run without --ckpt_path, on the model's initial (untrained) weights",
-        )
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/loglik",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
-                "checkpoint.last_every_n_steps": 1000,
-            }
-        )
-
-    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse as LightningCLI does; ``--print_config`` prints the config with the model's components expanded
-        (preset resolved, every argument of every slot with the value the model builds it with) and exits."""
-        argv = None if isinstance(args, dict | Namespace) else list(sys.argv[1:] if args is None else args)
-        self.argv = argv or []
-        if argv is None or not any(a == "--print_config" or a.startswith("--print_config=") for a in argv):
-            super().parse_arguments(parser, args)
-            return
-        self.config = parser.parse_args([a for a in argv if not a.startswith("--print_config")])
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
-        init_args = config.get("model", {}).get("init_args")
-        from gridtnp.models.neural_process import MODEL_KEYS, SLOTS, expand_spec
-
-        if init_args is not None and all(slot in init_args for slot in SLOTS):
-            spec = {k: v for k, v in init_args.as_dict().items() if k in (*MODEL_KEYS, "preset")}
-            for key, value in {**expand_spec(spec), "preset": None}.items():
-                init_args[key] = value
-        config.pop("config", None)
-        print(self._parser(subcommand).dump(config, skip_none=False), end="")
-        raise SystemExit(0)
-
-    def before_fit(self) -> None:
-        rank_zero = rank_zero_only.rank == 0  # the trainer's ranks are only set once fit starts
-        n = getattr(self.model, "num_parameters", None)
-        if n is not None and rank_zero:
-            print(f"gridtnp: {type(self.model).__name__} with {n:,} trainable parameters")
-        config = self.config_init[self.subcommand]
-        explicit_dirs = [cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
-        ckpt_path = resume_checkpoint(config.get("ckpt_path"), explicit_dirs, self.trainer.default_root_dir)
-        if ckpt_path is not None and ckpt_path != config.get("ckpt_path") and rank_zero:
-            step = checkpoint_step(ckpt_path)
-            print(f"gridtnp: resuming from {ckpt_path} (global step {step})", flush=True)
-        if ckpt_path not in (None, "last") and os.path.isfile(ckpt_path):
-            # Before anything is written (config.yaml, logs): a recipe that changed the network is one line.
-            check_checkpoint_model(ckpt_path, self.config[self.subcommand].get("model"))
-        config["ckpt_path"] = ckpt_path
-        if rank_zero:
-            self.locks = [lock_directory(d) for d in explicit_dirs]
-        version = checkpoint_entry(ckpt_path, LOGGER_VERSION) if ckpt_path not in (None, "last") else None
-        logger = self.trainer.logger
-        if version is not None and isinstance(logger, TensorBoardLogger) and logger.version != version:
-            # Continue the run's TensorBoard folder instead of starting version_N+1 (one continuous curve).
-            self.trainer.loggers = [
-                redacting(TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version))
-            ]
-
-    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        subcommand = self.config_init.get("subcommand")
-        count_limits((self.config_init[subcommand] if subcommand else self.config_init)["trainer"], self.argv)
-        trainer = super().instantiate_trainer(**kwargs)
-        for logger in trainer.loggers:
-            redacting(logger)
-        return trainer
-
-    def before_instantiate_classes(self) -> None:
-        """Trainer and checkpoint values Lightning would reject with a traceback (or take silently): one line."""
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else self.config
-        check_trainer_options(config)
-        infer_monitor_mode(config.get("checkpoint"))
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        try:
-            super()._run_subcommand(subcommand)
-        finally:
-            for lock in getattr(self, "locks", []):
-                unlock_directory(lock)
-
-    def after_fit(self) -> None:
-        """A run stopped by SIGTERM / SIGINT exits with status 128 + signal, after saying where it stopped."""
-        stopped = [cb.stop_signal for cb in self.trainer.checkpoint_callbacks if getattr(cb, "stop_signal", None)]
-        if stopped:
-            signum = stopped[0]
-            if self.trainer.is_global_zero:
-                print(
-                    f"gridtnp: stopped by {signal.Signals(signum).name} after step {self.trainer.global_step}; "
-                    "last.ckpt written. Rerun the same command to resume.",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            raise SystemExit(128 + signum)
-
-    def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads an explicit --ckpt_path's hyperparameters while parsing: check the file first, so that
-        # a truncated or corrupt one is an error naming it rather than a zip-reader traceback.
-        subcommand = self.config.get("subcommand")
-        config = self.config[subcommand] if subcommand else None
-        ckpt_path = config.get("ckpt_path") if config else None
-        evaluating = subcommand in ("validate", "test", "predict")
-        if evaluating and ckpt_path == "hpc":
-            raise ConfigError(
-                f"--ckpt_path hpc only resumes `gridtnp fit` under SLURM; give gridtnp {subcommand} a checkpoint file, "
-                "'best' or 'last' (with --checkpoint.dirpath)."
-            )
-        if evaluating and ckpt_path == "last":
-            dirpath = (config.get("checkpoint") or {}).get("dirpath")
-            root = (config.get("trainer") or {}).get("default_root_dir")
-            found = resume_checkpoint("last", [dirpath] if dirpath else [], root)
-            ckpt_path = config["ckpt_path"] = None if found is None else str(found)
-            if ckpt_path is not None and rank_zero_only.rank == 0:
-                print(f"gridtnp: last checkpoint: {ckpt_path}", flush=True)
-        if ckpt_path is None and evaluating and not config.get("allow_untrained"):
-            found = " (--ckpt_path last found no checkpoint)" if config.get("ckpt_path") is None else ""
-            raise ConfigError(
-                f"gridtnp {subcommand} needs --ckpt_path CHECKPOINT{found}: without one it would score the model's "
-                "untrained initial weights (pass --allow_untrained true to do that on purpose)."
-            )
-        if ckpt_path == "best" and evaluating:
-            ckpt_path = config["ckpt_path"] = self._best_checkpoint(config)
-        special = ckpt_path in (None, "last", "best", "hpc") or str(ckpt_path).startswith("registry")
-        given: dict[str, Any] = {}
-        if not special and not is_url(ckpt_path):
-            if not os.path.isfile(ckpt_path):
-                raise ConfigError(f"--ckpt_path {ckpt_path}: no such file.")
-            resume_checkpoint(ckpt_path, [], None)  # a truncated, corrupt or unsafe file is an error naming it
-            check_checkpoint_model(ckpt_path, config.get("model"))
-            init_args = (config.get("model") or {}).get("init_args")
-            if evaluating and init_args is not None:
-                given = {k: init_args[k] for k in command_line_model_keys(getattr(self, "argv", [])) if k in init_args}
-        super()._parse_ckpt_path()
-        if given:
-            # LightningCLI replaced the model arguments by the checkpoint's; the ones given on the command line
-            # (e.g. cos_latitude_weighting at test time) apply, as the README says.
-            init_args = self.config[subcommand]["model"]["init_args"]
-            for key, value in given.items():
-                init_args[key] = value
-
-    @staticmethod
-    def _best_checkpoint(config: Any) -> str:
-        """``--ckpt_path best`` outside ``fit``: the best checkpoint recorded in ``--checkpoint.dirpath``."""
-        dirpath = (config.get("checkpoint") or {}).get("dirpath")
-        if not dirpath:
-            raise ConfigError(
-                "--ckpt_path best needs --checkpoint.dirpath DIR, the directory `gridtnp fit` wrote its checkpoints to."
-            )
-        path, monitor, score = best_checkpoint(dirpath)
-        if rank_zero_only.rank == 0:
-            value = "" if score is None else f" ({monitor} {score:.4f})"
-            print(f"gridtnp: best checkpoint: {path}{value}", flush=True)
-        return str(path)
-
-    def before_predict(self) -> None:
-        """Tell the prediction writer which recipe produced the run (recorded in the file's attributes)."""
-        from gridtnp.predictions import PredictionWriter
-
-        configs = [str(c) for c in self.config[self.subcommand].get("config") or []]
-        for callback in self.trainer.callbacks:
-            if isinstance(callback, PredictionWriter):
-                callback.recipe = configs
-
-    def test(self, **kwargs: Any) -> Any:
-        """``trainer.test`` without Lightning's own results table: ``after_test`` prints gridtnp's."""
-        return self.trainer.test(**{**kwargs, "verbose": False})
-
-    def after_test(self) -> None:
-        """Print the test metrics as a table and write them to JSON next to the checkpoint (rank 0)."""
-        metrics = {
-            name.removeprefix("test/"): float(value)
-            for name, value in self.trainer.callback_metrics.items()
-            if name.startswith("test/")
-        }
-        if not self.trainer.is_global_zero or not metrics:
-            return
-        path = metrics_path(self.trainer.ckpt_path, self.trainer.log_dir or self.trainer.default_root_dir, "test")
-        config = self.config[self.subcommand]
-        configs = config.get("config") or []
-        settings = json.dumps(redact(config.as_dict()), sort_keys=True, default=str)
-        record = {
-            "split": "test",
-            "checkpoint": None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path),
-            "config": [str(c) for c in configs],
-            "settings_digest": hashlib.sha256(settings.encode()).hexdigest()[:16],
-            "metrics": metrics,
-        }
-        path = versioned_path(path, record["settings_digest"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
-        print(format_metrics(metrics, "test"))
-        print(f"gridtnp: test metrics written to {path}")
-
-
-def redacting(logger: Any) -> Any:
-    """``logger`` with credentials replaced in the hyper-parameters it records (``hparams.yaml``)."""
-    log_hyperparams = logger.log_hyperparams
-
-    def log_redacted(params: Any, *args: Any, **kwargs: Any) -> Any:
-        return log_hyperparams(redact(params), *args, **kwargs)
-
-    logger.log_hyperparams = log_redacted
-    return logger
-
-
-def trainer_defaults() -> dict[str, Any]:
-    """Gradient clipping 0.5, bf16-mixed on CUDA and 32-bit elsewhere, runs under ``runs/``; the progress bar only
-    on a terminal (a log file gets ``ProgressLog``'s plain lines instead of every bar refresh)."""
-    return {
-        "gradient_clip_val": 0.5,
-        "precision": "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true",
-        "default_root_dir": "runs",
-        "enable_progress_bar": sys.stdout.isatty(),
-    }
-
-
-def run_lightning(args: list[str] | None = None) -> None:
-    """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``."""
-    GridTNPCLI(args=args)
 
 
 def list_components(args: list[str]) -> None:
@@ -348,91 +58,6 @@ def list_components(args: list[str]) -> None:
         print(f"\n`gridtnp list {opts.kind} NAME` shows one {opts.kind}'s arguments.")
 
 
-def plot_main(args: list[str]) -> None:
-    """``gridtnp plot --config RECIPE --ckpt_path CKPT --out DIR [--split val|test] [--num_tasks N]``: PNG files.
-
-    Other arguments (``--data.init_args.store ...``) are passed to the recipe as in ``gridtnp test``.
-    """
-    parser = argparse.ArgumentParser(
-        prog="gridtnp plot",
-        description="Write prediction plots (1-D tasks, maps, standardised errors, a reliability diagram over the "
-        "whole split) of a checkpoint as PNG files. "
-        "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
-    )
-    parser.add_argument("--config", required=True, action="append", help="the recipe the checkpoint was trained with")
-    parser.add_argument("--ckpt_path", required=True, type=Path, help="checkpoint (.ckpt) to load the weights from")
-    parser.add_argument("--out", required=True, type=Path, help="directory for the PNG files")
-    parser.add_argument("--overwrite", action="store_true", help="replace the PNG files of an existing plot folder")
-    parser.add_argument("--split", choices=["val", "test"], default="test", help="which fixed task set to draw from")
-    parser.add_argument("--num_tasks", type=int, default=4, help="tasks to draw (default 4)")
-    parser.add_argument(
-        "--geographic",
-        choices=["auto", "yes", "no"],
-        default="auto",
-        help="inputs are (latitude, longitude) in degrees (auto: ask the DataModule)",
-    )
-    opts, rest = parser.parse_known_args(args)
-    if opts.num_tasks < 1:
-        parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
-    if not opts.ckpt_path.is_file():
-        parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
-    resume_checkpoint(opts.ckpt_path, [], None)  # a truncated or corrupt file is an error naming it
-    check_output(opts.out, "plot folder", "--overwrite", opts.overwrite, is_plot_folder)
-    from gridtnp.plots import (  # matplotlib only loads for this subcommand and the callback
-        evaluation_figures,
-        is_geographic,
-        oracle_posterior,
-        plot_reliability,
-        plot_standardised_errors,
-        standardised_errors,
-    )
-
-    config_args = [a for c in opts.config for a in ("--config", c)]
-    cli = GridTNPCLI(run=False, args=[*config_args, *rest, "--trainer.logger", "false"])
-    check_checkpoint_model(opts.ckpt_path, cli.config.get("model"))
-    module, datamodule = cli.model, cli.datamodule
-    checkpoint = torch.load(opts.ckpt_path, map_location="cpu", weights_only=False)
-    if hasattr(module, "on_load_checkpoint"):
-        module.on_load_checkpoint(checkpoint)  # e.g. the variance calibration's buffers
-    module.load_state_dict(checkpoint["state_dict"])
-    module.eval()
-    datamodule.setup("validate" if opts.split == "val" else "test")
-    loader = datamodule.val_dataloader() if opts.split == "val" else datamodule.test_dataloader()
-    geographic = is_geographic(datamodule) if opts.geographic == "auto" else opts.geographic == "yes"
-    posterior = oracle_posterior(datamodule)
-    calibrate = getattr(module, "calibrate", None) if getattr(module, "variance_calibration", False) else None
-
-    opts.out.mkdir(parents=True, exist_ok=True)
-    written, errors, raw_errors, done, seen = [], [], [], 0, 0
-    for batch in loader:  # every batch of the split for the error plots, the first tasks for the maps
-        batch = module.transfer_batch_to_device(batch, module.device, 0)
-        count = min(opts.num_tasks - done, batch.batch_size)
-        if count > 0:
-            figures = evaluation_figures(module.model, batch, count, geographic, posterior, first_index=done)
-            figures.pop("standardised_errors")
-            for name, fig in figures.items():
-                path = opts.out / f"{opts.split}_{name}.png"
-                fig.savefig(path, dpi=110)
-                written.append(path)
-            done += count
-        with torch.no_grad():
-            dist = module(batch)
-            errors.append(standardised_errors(batch, calibrate(dist) if calibrate else dist))
-            if calibrate:
-                raw_errors.append(standardised_errors(batch, dist))
-        seen += batch.batch_size
-    fig = plot_standardised_errors(torch.cat(errors), title=f"{opts.split}: standardised errors of {seen} tasks")
-    curves = {"calibrated" if calibrate else "model": torch.cat(errors)}
-    if calibrate:
-        curves["uncalibrated"] = torch.cat(raw_errors)
-    reliability = plot_reliability(curves, title=f"{opts.split}: reliability over {seen} tasks")
-    for name, figure in (("standardised_errors", fig), ("reliability", reliability)):
-        path = opts.out / f"{opts.split}_{name}.png"
-        figure.savefig(path, dpi=110)
-        written.append(path)
-    print(f"gridtnp plot: {len(written)} files in {opts.out}: " + ", ".join(p.name for p in written))
-
-
 SUBCOMMANDS = {
     "fit": "train a model from a recipe (resumes from checkpoints in --checkpoint.dirpath)",
     "validate": "evaluate a checkpoint on the validation set",
@@ -440,6 +65,7 @@ SUBCOMMANDS = {
     "predict": "write a checkpoint's predictions as NetCDF or Zarr (--predictions.path)",
     "list": "the registry: gridtnp list [KIND [NAME]] [--params]",
     "plot": "PNG plots of a checkpoint's predictions: gridtnp plot --config R --ckpt_path C --out DIR",
+    "report": "one HTML page of a checkpoint's evaluation: gridtnp report --config R --ckpt_path C --out F.html",
     "data": "gridtnp data prepare: NetCDF / GRIB -> a Zarr store for the ERA5 DataModules",
 }
 
@@ -477,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
             list_components(args[1:])
         elif args and args[0] == "plot":
             plot_main(args[1:])
+        elif args and args[0] == "report":
+            report_main(args[1:])
         elif args and args[0] == "data":
             from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand
 

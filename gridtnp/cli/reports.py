@@ -134,7 +134,7 @@ def quiet_third_party(subcommand: str | None) -> None:
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     # gridtnp's PredictionWriter orders the outputs itself; Lightning's batch indices are not used.
     warnings.filterwarnings("ignore", message=r"Couldn't infer the batch indices fetched from your dataloader")
-    if subcommand in ("test", "validate", "predict"):
+    if subcommand in ("test", "validate", "predict", "report"):
         # They restore a checkpoint's callback state they never use: where fit wrote its checkpoints does not matter.
         warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
     # On a machine with Slurm installed, a run outside a job is deliberate (jobs go through recipes/slurm/*.sbatch).

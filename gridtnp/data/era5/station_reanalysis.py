@@ -412,12 +412,41 @@ class StationReanalysisDataModule(StoreDataModule):
             float(self.task.station_std),
         )
         attrs = {"predict_split": self.predict_split, "predict_context_fraction": self.predict_context_fraction}
+        if self.predict_points() is None:
+            outputs = [self.on_stations(o) for o in outputs]
         if self.climatology:  # departures -> values: add the climatology back, in the normalised units
             flat = self.prediction_cells()
             outputs = [self._add_climatology(o, variable, flat) for o in outputs]
         return station_predictions(
             outputs, self.time_axis, variable, self.station_table, self.predict_points(), self.store_path(), attrs
         )
+
+    def on_stations(self, output: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A batch's outputs with the targets on every station in ``station_table`` order: the per-target tensors
+        ``[B, P, ...]`` of a test batch whose targets are some stations (``targets: held_out``) are scattered to
+        ``[B, S, ...]`` by their location (NaN, 0 or False, and masked, at stations that were not targets)."""
+        assert self.task is not None
+        station_x = torch.from_numpy(self.task.station_x)
+        x = output.get("x")
+        s = len(station_x)
+        if x is None or (x.shape[1] == s and bool((x == station_x).all())):  # without x: in station order
+            return output
+        index = {tuple(p): i for i, p in enumerate(self.task.station_x.tolist())}
+        b, p = x.shape[:2]
+        where = torch.tensor([[index.get(tuple(q), -1) for q in row] for row in x.tolist()], dtype=torch.long)
+        where = where.reshape(b, p)
+        keep = (where >= 0) & output["mask"].bool()
+        rows = torch.arange(b)[:, None].expand(b, p)[keep]
+        out = dict(output)
+        for key, value in output.items():
+            if value.dim() < 2 or value.shape[:2] != (b, p):
+                continue
+            fill = float("nan") if value.is_floating_point() else 0
+            full = torch.full((b, s, *value.shape[2:]), fill, dtype=value.dtype)
+            full[rows, where[keep]] = value[keep]
+            out[key] = full
+        out["x"] = station_x.expand(b, s, 2)
+        return out
 
     def prediction_cells(self) -> np.ndarray:
         """Flat index ``[P]`` of the store's grid point under each prediction point (a station's own point, or the

@@ -6,7 +6,8 @@
 * ``Variable``: a predicted variable's name, description, units and normalisation ``(mean, std)``.
 
 ``outputs`` are the module's prediction steps: ``mean``, ``std``, ``y`` ``[B, P, Dy]``, ``mask`` ``[B, P]`` and the
-batch's extras (``hour [B]``, ``is_context [B, P]``; ``start_hour [B]``), in normalised units.
+batch's extras (``hour [B]``, ``is_context [B, P]``; ``start_hour [B]``; test batches also ``coarse_sq_err [B, P]``,
+written as ``baseline_sq_error``), in normalised units.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def station_predictions(
         np.where(valid, observed, np.nan),
         {"units": variable.units, "long_name": f"{variable.description} (ERA5 at the station)"},
     )
+    if "coarse_sq_err" in outputs[0]:  # test batches: the coarse-cell baseline's squared error at each target
+        sq_err = torch.cat([o["coarse_sq_err"] for o in outputs]).double().numpy() * variable.std**2
+        data["baseline_sq_error"] = (
+            dims,
+            np.where(valid, sq_err, np.nan),
+            {"units": f"{variable.units}2", "long_name": "squared error of the coarse cell's value (baseline)"},
+        )
     data["is_context"] = (
         dims,
         torch.cat([o["is_context"] for o in outputs]).numpy().astype(np.int8),

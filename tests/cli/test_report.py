@@ -1,0 +1,180 @@
+"""Maps in physical units with coastlines, calibration by kind of target, per-station figures, ``gridtnp report``'s
+HTML page (rendered in headless Chromium where it can start)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from gridtnp.cli import GridTNPCLI, main
+from gridtnp.coastlines import coastline_segments, draw_coastlines
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = str(ROOT / "recipes" / "era5_swin.yaml")
+#: Four hours of one test day (one batch) keep the evaluation short.
+ONE_DAY = ["--data.init_args.test_dates", '["2019-03-27", "2019-03-27"]', "--data.init_args.eval_stride", "6"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-step ERA5 Swin-TNP checkpoint on the embedded sample (prepared into a temporary cache), its variance
+    calibration fitted on four validation hours."""
+    root = tmp_path_factory.mktemp("era5_report")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GRIDTNP_CACHE", str(root / "cache"))
+    mp.setattr(sys, "argv", sys.argv[:1])  # LightningCLI warns when given both args and command-line arguments
+    GridTNPCLI(
+        args=[
+            "fit", "--config", RECIPE, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
+            "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
+            "--checkpoint.dirpath", str(root / "ckpt"), "--trainer.enable_progress_bar", "false",
+            "--plots.every_n_validations", "0", "--trainer.logger", "false", "--trainer.num_sanity_val_steps", "0",
+            "--data.init_args.val_dates", '["2019-03-22", "2019-03-22"]', "--data.init_args.eval_stride", "6",
+        ]
+    )  # fmt: skip
+    yield root / "ckpt" / "last.ckpt"
+    mp.undo()
+
+
+def test_coastlines_follow_the_plot_longitudes_across_the_date_line() -> None:
+    uk = coastline_segments((-10.0, 2.0), (50.0, 58.0))
+    assert len(uk) > 10 and all(s.shape[1] == 2 for s in uk)
+    pacific = np.concatenate(coastline_segments((160.0, 200.0), (-50.0, -30.0)))  # New Zealand, 0..360 degrees
+    assert pacific[:, 0].max() > 180.0 and pacific[:, 0].min() < 180.0
+    borders = coastline_segments((-10.0, 2.0), (50.0, 58.0), "countries")
+    assert borders  # Ireland / United Kingdom
+    ax = Figure().add_subplot()
+    ax.set_xlim(-10, 2)
+    assert draw_coastlines(ax, (-10.0, 2.0), (50.0, 58.0)) is not None
+    assert {c.get_gid() for c in ax.collections} == {"coastlines", "borders"}
+    assert ax.get_xlim() == (-10, 2)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_maps_in_kelvin_with_coastlines_and_calibration_by_kind(checkpoint: Path) -> None:
+    from gridtnp.cli.evaluate import load_checkpoint
+    from gridtnp.evaluation import run_split
+    from gridtnp.evaluation_plots import split_figures
+
+    cli = load_checkpoint([RECIPE], checkpoint, ONE_DAY)
+    evaluation = run_split(cli.model, cli.datamodule, "test", 1)
+    assert evaluation.physical is not None and evaluation.physical["observed"].attrs["units"] == "K"
+    observed = evaluation.physical["observed"].values
+    assert 250 < np.nanmean(observed) < 300  # kelvin, not departures
+    figures = split_figures(evaluation, cli.model, cli.datamodule)
+    assert {"task000", "reliability", "station_rmse", "station_series", "standardised_errors"} <= set(figures)
+    maps = figures["task000"]
+    labels = [ax.get_ylabel() for ax in maps.axes if ax.get_label() == "<colorbar>"]
+    assert labels and all("[K]" in label or label == "z (1)" for label in labels), labels
+    panels = [ax for ax in maps.axes if ax.get_label() != "<colorbar>"]
+    assert all("coastlines" in {c.get_gid() for c in ax.collections} for ax in panels)
+    titles = [ax.get_title() for ax in figures["reliability"].axes]
+    assert any(t.startswith("held-out targets") for t in titles) and any(
+        t.startswith("context targets") for t in titles
+    )
+    legend = [t.get_text() for t in figures["reliability"].axes[0].get_legend().get_texts()]
+    assert any("mean z^2" in t and "90 %" in t for t in legend)
+
+
+def test_gridtnp_plot_and_report_on_a_station_checkpoint(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "plots"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(
+            [
+                "plot",
+                "--config",
+                RECIPE,
+                "--ckpt_path",
+                str(checkpoint),
+                "--out",
+                str(out),
+                "--num_tasks",
+                "1",
+                *ONE_DAY,
+            ]
+        )
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "test_reliability.png", "test_standardised_errors.png", "test_station_rmse.png", "test_station_series.png",
+        "test_task000.png",
+    ]  # fmt: skip
+    assert not [w for w in caught if "sys.argv" in str(w.message)]
+    assert "sys.argv" not in capsys.readouterr().err
+    page = tmp_path / "report.html"
+    main(["report", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--out", str(page), *ONE_DAY])
+    text = page.read_text()
+    assert "<table>" in text and "heldout" not in re.sub(r"<pre>.*?</pre>", "", text, flags=re.S)
+    assert "held-out" in text and "baseline_rmse_physical" in text and "rmse_physical" in text
+    assert text.count("data:image/png;base64,") == 6  # two maps, calibration, two station figures, z histogram
+    assert "http" not in text.split("<h2>Recipe</h2>")[0]
+    with pytest.raises(SystemExit):  # an existing page is not replaced without --overwrite
+        main(["report", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--out", str(page)])
+    screenshot_shows_the_page(page, tmp_path)
+
+
+def screenshot_shows_the_page(page: Path, tmp_path: Path) -> None:
+    """Headless Chromium: the page's title in the DOM, and a screenshot with the table and figures drawn."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium): the page is not rendered")
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--allow-file-access-from-files",
+    ]
+    shot = tmp_path / "shot.png"
+    try:
+        dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60)
+        subprocess.run(
+            [*flags, f"--screenshot={shot}", "--window-size=1280,2000", page.as_uri()], capture_output=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        pytest.skip(f"chromium could not start here: {err}")
+    if dom.returncode != 0 or not shot.is_file():
+        pytest.skip(f"chromium could not start here: {dom.stderr.strip().splitlines()[-1:]}")
+    assert "<title>gridtnp evaluation: " in dom.stdout
+    from matplotlib.image import imread
+
+    image = imread(shot)[..., :3]  # [H, W, 3] in 0..1
+    assert image.shape[:2] == (2000, 1280)
+    ink = (image < 0.5).any(-1)  # dark pixels: text and table lines
+    colour = image.max(-1) - image.min(-1) > 0.3  # saturated pixels: the figures' colour maps
+    top, bottom = slice(0, 500), slice(500, 2000)
+    assert ink[top].mean() > 0.005, "no table or title drawn at the top of the page"
+    assert colour[bottom].mean() > 0.01, "no figure drawn below the table"
+
+
+def test_held_out_targets_are_placed_on_their_stations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from gridtnp.data import StationReanalysisDataModule
+
+    monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path / "cache"))
+    dm = StationReanalysisDataModule(targets="held_out", batch_size=4, climatology=True)
+    dm.prepare_data()
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    target = batch.target
+    output = {"mean": target.y, "std": torch.ones_like(target.y), "x": target.x, "y": target.y, "mask": target.mask}
+    ds = dm.predictions_to_xarray([{**output, **batch.extras}])
+    assert ds.sizes["station"] == dm.task.num_stations and target.x.shape[1] < dm.task.num_stations
+    observed, mean = ds["observed"].values, ds["mean"].values
+    np.testing.assert_array_equal(np.isfinite(observed), np.isfinite(mean))
+    assert (np.isfinite(observed).sum(1) == target.mask.sum(1).numpy()).all()  # one value per held-out target
+    np.testing.assert_allclose(observed[np.isfinite(observed)], mean[np.isfinite(mean)], atol=1e-3)
+    assert 250 < np.nanmean(observed) < 300 and not ds["is_context"].values.any()
+    assert np.isfinite(ds["baseline_sq_error"].values).sum() == int(target.mask.sum())
