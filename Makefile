@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.gridtnp-installed
 
-.PHONY: install demo test test-slow slurm lint format clean
+.PHONY: install demo test test-slow slurm browser lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ demo: install
 
 ## The test suite (under 10 minutes on 2 CPU cores): the fast tests, then the scale-out tests, which launch
 ## `gridtnp fit` in subprocesses (DDP with 2 CPU processes, killed / signalled and resumed runs, a SLURM requeue).
-test: install
+test: install browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q -m slow tests/training/test_scaleout.py
@@ -53,3 +53,9 @@ slurm:
 	@command -v slurmctld >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge) \
 		|| echo "make slurm: Slurm could not be installed; tests/training/test_slurm.py will be skipped"
+
+## Chromium from Debian's packages, for the HTML report's browser test (skipped, saying why, where it cannot run).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+		|| echo "make browser: Chromium could not be installed; tests/cli/test_report.py will skip the browser check"
