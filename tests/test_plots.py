@@ -107,7 +107,7 @@ def test_gridtnp_plot_writes_pngs(tmp_path: Path, capsys: pytest.CaptureFixture)
     recipe = ROOT / "recipes" / "gp1d_cnp.yaml"
     module = NeuralProcessModule(**yaml.safe_load(recipe.read_text())["model"]["init_args"])
     ckpt = tmp_path / "model.ckpt"
-    torch.save({"state_dict": module.state_dict()}, ckpt)
+    torch.save({"state_dict": module.state_dict(), "global_step": 0}, ckpt)  # as a training checkpoint
     out = tmp_path / "plots"
     args = ["plot", "--config", str(recipe), "--ckpt_path", str(ckpt), "--out", str(out), "--num_tasks", "3"]
     main([*args, "--data.init_args.test_batches", "2", "--data.init_args.batch_size", "2"])

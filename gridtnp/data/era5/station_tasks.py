@@ -133,14 +133,17 @@ class StationReanalysisTask:
         station_at_grid_time = fields[self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
         # Departures from each grid point's own reference (its climatology at that hour, or the variable's mean)
         # before the blocks average them: a block's share of sea or hill then no longer shifts its value.
-        if self.climatology is None:  # a constant reference per variable: averaged first, subtracted after
-            grid_fields = fields[0][..., None] if n_grid == 1 else np.stack(fields[:n_grid], -1)
-            shift = np.array([self.reference(v, t_grid) for v in self.grid_variables])  # [V]
+        if n_grid == 0:  # stations only (grid_variables: []): no gridded source
+            coarse = np.zeros((b, layout.size, 0))
         else:
-            references = [self.reference(v, t_grid) for v in self.grid_variables]
-            grid_fields = np.stack([f - r for f, r in zip(fields[:n_grid], references, strict=True)], -1)
-            shift = np.zeros(n_grid)
-        coarse = layout.fast_means(grid_fields.reshape(b, *self.shape, n_grid)) - shift  # [B, G, V] of departures
+            if self.climatology is None:  # a constant reference per variable: averaged first, subtracted after
+                grid_fields = fields[0][..., None] if n_grid == 1 else np.stack(fields[:n_grid], -1)
+                shift = np.array([self.reference(v, t_grid) for v in self.grid_variables])  # [V]
+            else:
+                references = [self.reference(v, t_grid) for v in self.grid_variables]
+                grid_fields = np.stack([f - r for f, r in zip(fields[:n_grid], references, strict=True)], -1)
+                shift = np.zeros(n_grid)
+            coarse = layout.fast_means(grid_fields.reshape(b, *self.shape, n_grid)) - shift  # [B, G, V] departures
         # The station variable's block means at the grid time, in its units, for the stations' blocks only [B, S].
         if self.random_points:  # other points in every task: the layout's block means, read at each task's points
             blocks = np.take_along_axis(layout.labels, flat, 1)  # [B, S]
