@@ -44,6 +44,19 @@ def _evaluation_parser(prog: str, description: str, out_help: str) -> argparse.A
     return parser
 
 
+def parse_evaluation_args(
+    parser: argparse.ArgumentParser, args: list[str], num_tasks: int
+) -> tuple[argparse.Namespace, list[str]]:
+    """``parser``'s options (with ``--num_tasks``, default ``num_tasks``) checked, and the recipe overrides left."""
+    parser.add_argument("--num_tasks", type=int, default=num_tasks, help=f"tasks drawn as maps (default {num_tasks})")
+    opts, rest = parser.parse_known_args(args)
+    if opts.num_tasks < 1:
+        parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
+    if not opts.ckpt_path.is_file():
+        parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
+    return opts, rest
+
+
 @contextlib.contextmanager
 def quiet_lightning_info() -> Iterator[None]:
     """Without Lightning's info lines (``Seed set to 0``, ``GPU available: False, used: False``...): ``gridtnp
@@ -95,12 +108,7 @@ def plot_main(args: list[str]) -> None:
         "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
         "directory for the PNG files",
     )
-    parser.add_argument("--num_tasks", type=int, default=4, help="tasks to draw (default 4)")
-    opts, rest = parser.parse_known_args(args)
-    if opts.num_tasks < 1:
-        parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
-    if not opts.ckpt_path.is_file():
-        parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
+    opts, rest = parse_evaluation_args(parser, args, num_tasks=4)
     check_output(opts.out, "plot folder", "--overwrite", opts.overwrite, is_plot_folder)
     from gridtnp.evaluation import run_split  # matplotlib only loads for this subcommand and the callback
     from gridtnp.evaluation_plots import split_figures
@@ -130,12 +138,7 @@ def report_main(args: list[str]) -> None:
         "Other --model.* / --data.* arguments override the recipe as in `gridtnp test`.",
         "the HTML file to write",
     )
-    parser.add_argument("--num_tasks", type=int, default=2, help="tasks drawn as maps (default 2)")
-    opts, rest = parser.parse_known_args(args)
-    if opts.num_tasks < 1:
-        parser.error(f"--num_tasks must be >= 1; got {opts.num_tasks}")
-    if not opts.ckpt_path.is_file():
-        parser.error(f"--ckpt_path {opts.ckpt_path}: no such file")
+    opts, rest = parse_evaluation_args(parser, args, num_tasks=2)
     if opts.out.suffix.lower() not in (".html", ".htm"):
         parser.error(f"--out {opts.out}: expected an .html file name")
     from gridtnp.cli.html_report import is_report, write_report
