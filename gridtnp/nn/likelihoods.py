@@ -83,6 +83,33 @@ class HomoscedasticLikelihood(nn.Module):
         return Normal(mean, var.sqrt().expand_as(mean))
 
 
+@register("likelihood", "direct")
+class DirectLikelihood(nn.Module):
+    """Gaussian read off the tokens: ``z [B, N, 2 Dy]`` = (mean, log variance) -> ``Normal [B, N, Dy]``, no parameters.
+
+    For grid decoders that output the predictive themselves (``mos``, ``mos_kriging``). The variance is
+    ``exp(log variance) + min_noise``.
+
+    Args:
+        dim: token width D of the target tokens; must be ``2 dim_y``.
+        dim_y: output dimension Dy.
+        min_noise: lower bound on the predictive variance (a variance, not a standard deviation); >= 0.
+    """
+
+    def __init__(self, dim: int = 2, dim_y: int = 1, min_noise: float = 1e-6) -> None:
+        super().__init__()
+        if dim != 2 * dim_y or min_noise < 0:
+            raise ValueError(
+                f"direct likelihood: needs dim = 2 dim_y (mean and log variance) and min_noise >= 0; got dim {dim}, "
+                f"dim_y {dim_y}, min_noise {min_noise}."
+            )
+        self.min_noise = min_noise
+
+    def forward(self, z: Tensor) -> Normal:
+        mean, log_var = z.float().chunk(2, dim=-1)
+        return Normal(mean, (log_var.clamp(max=60.0).exp() + self.min_noise).sqrt())
+
+
 def log_likelihood(dist: Normal, y: Tensor, mask: Tensor) -> Tensor:
     """Mean log-density per valid target point, per task: ``y [B, N, Dy]``, ``mask [B, N]`` -> ``[B]``.
 
@@ -93,4 +120,4 @@ def log_likelihood(dist: Normal, y: Tensor, mask: Tensor) -> Tensor:
     return logp.sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-__all__ = ["GaussianLikelihood", "HomoscedasticLikelihood", "log_likelihood"]
+__all__ = ["DirectLikelihood", "GaussianLikelihood", "HomoscedasticLikelihood", "log_likelihood"]

@@ -30,6 +30,8 @@ RECIPE_PARAMETERS = {
     "era5_gka.yaml": 5,
     "era5_hypermixer.yaml": 628994,  # 624,834 + the deeper Gaussian head
     "era5_interp.yaml": 5,
+    "era5_mos.yaml": 17787,  # 33 x 49 places x (1 + 9 coefficients + 1 log variance)
+    "era5_mos_kriging.yaml": 17790,  # + the GP's lengthscale, output scale and noise
     "era5_multisource_swin.yaml": 549762,
     "era5_pt_tnp.yaml": 643458,
     "era5_swin.yaml": 625651,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (4 + 192 + 260 + 2 +

@@ -143,6 +143,18 @@ BASELINE = {
 CNP = model(SET, processor={"name": "mean"}, grid_decoder={"name": "concat", "layers": 2})
 SOURCES = {"dim_y": {"a": 1, "b": 2}, "target_source": "a"}  # two context sources of different widths
 TWINS = {"dim_y": {"a": 1, "b": 1}, "target_source": "a"}  # two context sources of one width
+# Classical baselines: MOS on source a (the grid), kriging of its residuals at source b (the stations).
+MOS = model(
+    BASELINE,
+    **TWINS,
+    dim=2,
+    grid_decoder={"name": "mos", "places": GRID_2D, "grid_source": "a", "spacing": 0.5},
+    likelihood={"name": "direct"},
+)
+MOS_KRIGING = model(
+    MOS,
+    grid_decoder={"name": "mos_kriging", "places": GRID_2D, "grid_source": "a", "station_source": "b", "spacing": 0.5},
+)
 
 #: ``{kind: {name: [model specification, ...]}}``: the models each registered component is checked in (the first
 #: at its defaults where it can be, the others with the options that add parameters or change its path).
@@ -362,8 +374,23 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                 },
             ),
         ],
+        "mos": [MOS, model(MOS, grid_decoder={"name": "mos", "places": GRID_2D, "grid_source": "b", "radius": 0})],
+        "mos_kriging": [
+            MOS_KRIGING,
+            model(
+                MOS,
+                grid_decoder={
+                    "name": "mos_kriging",
+                    "places": GRID_2D,
+                    "grid_source": "a",
+                    "station_source": "b",
+                    "kernel": "rbf",
+                },
+            ),
+        ],
     },
     "likelihood": {
+        "direct": [MOS],
         "gaussian": [SET],
         "homoscedastic": [model(SET, likelihood={"name": "homoscedastic", "layers": 2})],
     },

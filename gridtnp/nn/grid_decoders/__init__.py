@@ -6,6 +6,7 @@ Interface: ``decoder(states: list[Latent], zt, xt) -> [B, Nt, D]``. A decoder wi
 
 * ``gridded``: ``knn``, ``te_knn``, ``kernel_interpolation`` (grid states).
 * ``interpolation``: ``interpolation`` (the learned linear-interpolation baseline).
+* ``mos``: ``mos``, ``mos_kriging`` (per-place regression on the gridded values, and kriging of its residuals).
 * ``kernel_averaging``: ``gka`` (Gaussian kernel averaging, dense or over the k nearest).
 * ``sets``: ``cross_attention``, ``concat``, ``te_cross_attention``, ``relational``, ``joint_self_attention``,
   ``transformer_decoder``.
@@ -19,6 +20,7 @@ from gridtnp.nn.grid_decoders.gridded import (
 )
 from gridtnp.nn.grid_decoders.interpolation import InterpolationDecoder
 from gridtnp.nn.grid_decoders.kernel_averaging import GKADecoder
+from gridtnp.nn.grid_decoders.mos import MOSDecoder, MOSKrigingDecoder
 from gridtnp.nn.grid_decoders.sets import (
     ConcatDecoder,
     CrossAttentionDecoder,
@@ -36,6 +38,8 @@ __all__ = [
     "JointSelfAttentionDecoder",
     "KNNDecoder",
     "KernelInterpolationDecoder",
+    "MOSDecoder",
+    "MOSKrigingDecoder",
     "NeighbourCrossAttentionBlock",
     "RelationalDecoder",
     "TECrossAttentionDecoder",
