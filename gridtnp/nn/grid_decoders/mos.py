@@ -197,7 +197,9 @@ def gp_kernel(name: str, lengthscale: float, outputscale: float, where: str) -> 
     return kernel
 
 
-def gp_posterior(kernel: nn.Module, noise: Tensor, xc: Tensor, rc: Tensor, mask: Tensor, xt: Tensor) -> tuple[Tensor, Tensor]:
+def gp_posterior(
+    kernel: nn.Module, noise: Tensor, xc: Tensor, rc: Tensor, mask: Tensor, xt: Tensor
+) -> tuple[Tensor, Tensor]:
     """Exact GP posterior mean and variance of the latent function ``[B, Nt]`` at ``xt [B, Nt, d]`` given residuals
     ``rc [B, N]`` at ``xc [B, N, d]`` observed with noise variance ``noise`` (a scalar tensor). Padded points
     (``mask [B, N]`` False) get residual 0 and noise variance ``PAD_NOISE``: their weight in the posterior is
