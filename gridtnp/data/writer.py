@@ -63,7 +63,8 @@ class HourlySums:
             x = values[hours == h]
             finite = np.isfinite(x)
             if finite.all():
-                self.sums[v][h] += x.sum(0, dtype=np.float64)  # buffered cast: no float64 copy of x
+                total = self.sums[v][h]
+                np.add(total, x[0] if len(x) == 1 else x.sum(0, dtype=np.float64), out=total)  # no float64 copy of x
             else:
                 if v not in self.missing:
                     self.missing[v] = np.zeros(self.sums[v].shape, dtype=np.int32)  # up to 245,000 years
@@ -126,13 +127,20 @@ class _Moments:
             self._add(values[t : t + step], level_axis)
 
     def _add(self, values: np.ndarray, level_axis: int | None) -> None:
-        x = values.astype(np.float64)
-        x = x.reshape(1, -1) if level_axis is None else np.moveaxis(x, level_axis, 0).reshape(x.shape[level_axis], -1)
+        x = values.reshape(1, -1) if level_axis is None else np.moveaxis(values, level_axis, 0)
+        x = x.reshape(x.shape[0], -1)
         finite = np.isfinite(x)
-        n = finite.sum(1).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(finite, x, 0.0).sum(1) / n
-            m2 = np.where(finite, (x - mean[:, None]) ** 2, 0.0).sum(1)
+            if finite.all():  # the common case: float64 sums without a float64 copy of x or masked copies
+                n = np.full(x.shape[0], float(x.shape[1]))
+                mean = x.sum(1, dtype=np.float64) / n
+                deviation = np.subtract(x, mean[:, None], dtype=np.float64)
+                m2 = np.einsum("ij,ij->i", deviation, deviation)
+            else:
+                x = x.astype(np.float64)
+                n = finite.sum(1).astype(np.float64)
+                mean = np.where(finite, x, 0.0).sum(1) / n
+                m2 = np.where(finite, (x - mean[:, None]) ** 2, 0.0).sum(1)
         ok = n > 0
         total = self.n + n
         delta = np.where(ok, mean - self.mean, 0.0)
