@@ -85,7 +85,7 @@ def append(
                     "it first."
                 )
             log(f"gridtnp data prepare: appending {new.sizes['time']} steps from {iso(new.time.values[0])} to {path}")
-            save_state(path, fingerprint, 0, {}, None, None)  # before the arrays grow: a kill from here on resumes
+            save_state(path, fingerprint, 0, {}, None)  # before the arrays grow: a kill from here on resumes
             new.to_zarr(path, append_dim="time", compute=False, consolidated=False, safe_chunks=False)
         write_blocks(
             new, path, (0, 0), fingerprint, steps, False, jobs, checkpoint_s, log, block=block_steps, offset=length

@@ -3,8 +3,9 @@
 Each block (whole time chunks, about ``BLOCK_BYTES`` of float32, 128 MiB) is read concurrently (dask, ``jobs``
 threads, or the ``dask.distributed`` cluster of an active ``Client``), written into the Zarr arrays, and folded
 into running statistics: per variable (and level) the count, mean and sum of squared deviations of the finite
-training values (merged block by block, Chan et al.), and with ``climatology`` the sums and counts per UTC hour of
-day. Memory is one block and the climatology sums, whatever the number of inputs.
+training values (merged block by block, Chan et al.), and with ``climatology`` the float64 sums per grid point and
+UTC hour of day (``HourlySums``: the steps per hour, and counts of missing values only once a variable has one).
+Memory is one block and the climatology sums, whatever the number of inputs.
 
 A checkpoint (``STATE``: the blocks done and the statistics so far, in the partial store) is saved every
 ``checkpoint_s`` seconds; a rerun of the same request (same ``fingerprint``) resumes after the last checkpoint's
@@ -45,6 +46,70 @@ def block_steps(ds: xr.Dataset, steps: int, target: int = BLOCK_BYTES) -> int:
     return steps * max(1, target // max(per_step * steps, 1))
 
 
+class HourlySums:
+    """Per variable the float64 sums ``[24, ...]`` of the finite values at each UTC hour of day, the training steps
+    per hour ``[24]``, and ``missing[v] [24, ...]`` (int32) counts of non-finite values, allocated at the first one
+    (a field without gaps needs no per-point counts)."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self.sums = {v: np.zeros((24, *shape)) for v, shape in shapes.items()}
+        self.steps = np.zeros(24, dtype=np.int64)
+        self.missing: dict[str, np.ndarray] = {}
+
+    def add(self, v: str, values: np.ndarray, hours: np.ndarray, count_steps: bool) -> None:
+        """Fold in ``values [T, ...]`` (float32) of variable ``v`` at UTC hours ``hours [T]``; ``count_steps`` once
+        per block (the steps are shared by the variables)."""
+        for h in np.unique(hours):
+            x = values[hours == h]
+            finite = np.isfinite(x)
+            if finite.all():
+                total = self.sums[v][h]
+                np.add(total, x[0] if len(x) == 1 else x.sum(0, dtype=np.float64), out=total)  # no float64 copy of x
+            else:
+                if v not in self.missing:
+                    self.missing[v] = np.zeros(self.sums[v].shape, dtype=np.int32)  # up to 245,000 years
+                self.sums[v][h] += np.where(finite, x, 0.0).sum(0, dtype=np.float64)
+                self.missing[v][h] += (~finite).sum(0, dtype=np.int32)
+            if count_steps:
+                self.steps[h] += len(x)
+
+    def means(self, ds: xr.Dataset) -> xr.Dataset:
+        """The hourly means ``[hour, ..., lat, lon]`` (float32, NaN where no finite value) of the hours that had
+        training steps, an hour at a time; each variable's sums are released once its means are taken."""
+        hours = [h for h in range(24) if self.steps[h] > 0]
+        out = {}
+        for v in list(self.sums):
+            sums, missing = self.sums.pop(v), self.missing.pop(v, None)
+            mean = np.empty((len(hours), *sums.shape[1:]), dtype=np.float32)
+            for i, h in enumerate(hours):
+                if missing is None:
+                    mean[i] = sums[h] / self.steps[h]
+                else:
+                    count = self.steps[h] - missing[h]
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        mean[i] = np.where(count > 0, sums[h] / np.maximum(count, 1), np.nan)
+            del sums, missing
+            out[v] = (("hour", *ds[v].dims[1:]), mean)
+        coords = {d: ds[d].values for v in ds.data_vars for d in ds[v].dims[1:]}
+        return xr.Dataset(out, coords={"hour": np.asarray(hours, dtype=np.int64), **coords})
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The state to checkpoint, by name."""
+        return (
+            {"steps": self.steps}
+            | {f"sum/{v}": a for v, a in self.sums.items()}
+            | {f"missing/{v}": a for v, a in self.missing.items()}
+        )
+
+    def load(self, saved: Any) -> None:
+        """Restore the state ``arrays`` gave (an ``np.load`` of it)."""
+        self.steps[...] = saved["steps"]
+        for v in self.sums:
+            self.sums[v][...] = saved[f"sum/{v}"]
+            if f"missing/{v}" in saved:
+                self.missing[v] = np.array(saved[f"missing/{v}"])
+
+
 class _Moments:
     """Count, mean and sum of squared deviations ``[L]`` (one per level, or one) of the finite values seen."""
 
@@ -62,13 +127,20 @@ class _Moments:
             self._add(values[t : t + step], level_axis)
 
     def _add(self, values: np.ndarray, level_axis: int | None) -> None:
-        x = values.astype(np.float64)
-        x = x.reshape(1, -1) if level_axis is None else np.moveaxis(x, level_axis, 0).reshape(x.shape[level_axis], -1)
+        x = values.reshape(1, -1) if level_axis is None else np.moveaxis(values, level_axis, 0)
+        x = x.reshape(x.shape[0], -1)
         finite = np.isfinite(x)
-        n = finite.sum(1).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(finite, x, 0.0).sum(1) / n
-            m2 = np.where(finite, (x - mean[:, None]) ** 2, 0.0).sum(1)
+            if finite.all():  # the common case: float64 sums without a float64 copy of x or masked copies
+                n = np.full(x.shape[0], float(x.shape[1]))
+                mean = x.sum(1, dtype=np.float64) / n
+                deviation = np.subtract(x, mean[:, None], dtype=np.float64)
+                m2 = np.einsum("ij,ij->i", deviation, deviation)
+            else:
+                x = x.astype(np.float64)
+                n = finite.sum(1).astype(np.float64)
+                mean = np.where(finite, x, 0.0).sum(1) / n
+                m2 = np.where(finite, (x - mean[:, None]) ** 2, 0.0).sum(1)
         ok = n > 0
         total = self.n + n
         delta = np.where(ok, mean - self.mean, 0.0)
@@ -121,14 +193,11 @@ def write_blocks(
     level_axis = {v: (1 if ds[v].ndim == 4 else None) for v in names}
     moments = {v: _Moments(ds[v].shape[1] if level_axis[v] else 1) for v in names}
     hour_of_day = ds.indexes["time"].hour.to_numpy()
-    clim_sum = clim_count = None
-    if climatology:
-        clim_sum = {v: np.zeros((24, *ds[v].shape[1:])) for v in names}
-        clim_count = {v: np.zeros((24, *ds[v].shape[1:]), dtype=np.int32) for v in names}  # up to 245,000 years
+    clim = HourlySums({v: ds[v].shape[1:] for v in names}) if climatology else None
     size = block or block_steps(ds, steps)
     total = ds.sizes["time"]
     starts = list(range(0, total, size))
-    done = _resume(store, fingerprint, moments, clim_sum, clim_count)
+    done = _resume(store, fingerprint, moments, clim)
     if done:
         log(f"gridtnp data prepare: resuming after {done} of {len(starts)} blocks ({starts[done]} of {total} hours)")
     nbytes = sum(4 * int(np.prod(ds[v].shape)) for v in names)
@@ -137,18 +206,18 @@ def write_blocks(
     for index in range(done, len(starts)):
         a, b = starts[index], min(starts[index] + size, total)
         arrays = dask.compute(*[ds[v].data[a:b] for v in names], **({"num_workers": jobs} if jobs else {}))
-        for v, values in zip(names, arrays, strict=True):
+        for i, (v, values) in enumerate(zip(names, arrays, strict=True)):
             if write:
                 group[v][offset + a : offset + b] = values
             lo, hi = max(a, train[0]), min(b, train[1])
             if lo < hi:
                 part = values[lo - a : hi - a]
                 moments[v].add(part, level_axis[v])
-                if clim_sum is not None and clim_count is not None:
-                    _add_hours(clim_sum[v], clim_count[v], part, hour_of_day[lo:hi])
+                if clim is not None:
+                    clim.add(v, part, hour_of_day[lo:hi], count_steps=i == 0)
         now = time.perf_counter()
         if write and (now - last_save >= checkpoint_s or index == len(starts) - 1):
-            save_state(store, fingerprint, index + 1, moments, clim_sum, clim_count)
+            save_state(store, fingerprint, index + 1, moments, clim)
             last_save = now
         if now - last_log >= every or index == len(starts) - 1:
             last_log = now
@@ -170,29 +239,7 @@ def write_blocks(
         else:
             entry = {"mean": mean[0], "std": std[0]}
         stats[v] = entry
-    clim = _climatology(ds, clim_sum, clim_count) if clim_sum is not None else None
-    return stats, clim
-
-
-def _add_hours(total: np.ndarray, count: np.ndarray, values: np.ndarray, hours: np.ndarray) -> None:
-    for h in np.unique(hours):
-        x = values[hours == h].astype(np.float64)
-        finite = np.isfinite(x)
-        total[h] += np.where(finite, x, 0.0).sum(0)
-        count[h] += finite.sum(0)
-
-
-def _climatology(ds: xr.Dataset, total: dict[str, np.ndarray], count: dict[str, np.ndarray]) -> xr.Dataset:
-    """The hourly means ``[hour, ..., lat, lon]`` of the hours that had training steps."""
-    any_count = next(iter(count.values()))
-    hours = [h for h in range(24) if any_count[h].any()]
-    out = {}
-    for v, sums in total.items():
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(count[v] > 0, sums / np.maximum(count[v], 1), np.nan)[hours]
-        out[v] = (("hour", *ds[v].dims[1:]), mean)
-    coords = {d: ds[d].values for v in ds.data_vars for d in ds[v].dims[1:]}
-    return xr.Dataset(out, coords={"hour": np.asarray(hours, dtype=np.int64), **coords})
+    return stats, (clim.means(ds) if clim is not None else None)
 
 
 def save_state(
@@ -200,12 +247,11 @@ def save_state(
     fingerprint: dict[str, Any],
     done: int,
     moments: dict[str, _Moments],
-    clim_sum: dict[str, np.ndarray] | None,
-    clim_count: dict[str, np.ndarray] | None,
+    clim: HourlySums | None,
 ) -> None:
     """Checkpoint: the climatology sums first, then the state naming them (a kill between leaves the old state)."""
-    if clim_sum is not None and clim_count is not None:
-        arrays = {f"sum/{v}": a for v, a in clim_sum.items()} | {f"count/{v}": a for v, a in clim_count.items()}
+    if clim is not None:
+        arrays = clim.arrays()
         atomic_write(store / f"{CLIMATOLOGY_SUMS}.{done}", lambda f: np.savez(f, **arrays))
     state = {"fingerprint": fingerprint, "done": done, "moments": {v: m.state() for v, m in moments.items()}}
     atomic_write(store / STATE, lambda f: f.write(json.dumps(state).encode()))
@@ -218,8 +264,7 @@ def _resume(
     store: Path,
     fingerprint: dict[str, Any],
     moments: dict[str, _Moments],
-    clim_sum: dict[str, np.ndarray] | None,
-    clim_count: dict[str, np.ndarray] | None,
+    clim: HourlySums | None,
 ) -> int:
     """Blocks done by an earlier run of the same request into ``store`` (0 if none), its statistics loaded."""
     try:
@@ -231,12 +276,10 @@ def _resume(
     done = int(state["done"])
     if done == 0:
         return 0
-    if clim_sum is not None and clim_count is not None:
+    if clim is not None:
         try:
             with np.load(store / f"{CLIMATOLOGY_SUMS}.{done}") as saved:
-                for v in clim_sum:
-                    clim_sum[v][...] = saved[f"sum/{v}"]
-                    clim_count[v][...] = saved[f"count/{v}"]
+                clim.load(saved)
         except (OSError, KeyError, ValueError):
             return 0
     for v, m in moments.items():

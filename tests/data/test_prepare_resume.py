@@ -54,12 +54,12 @@ KILLER = """
 import os, signal
 from gridtnp.data import writer
 from gridtnp.data.prepare import prepare
-save = writer._save
+save = writer.save_state
 def save_then_die(store, fingerprint, done, *rest):
     save(store, fingerprint, done, *rest)
     if done == {kill_after}:
         os.kill(os.getpid(), signal.SIGKILL)
-writer._save = save_then_die
+writer.save_state = save_then_die
 prepare([{nc!r}], {out!r}, progress=False, **{args!r})
 """
 
