@@ -67,16 +67,6 @@ def write_stations(path: Path, rows: list[tuple[float, float]] | None = None) ->
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_store(tmp_path_factory.mktemp("era5"))
-
-
-@pytest.fixture(scope="module")
-def stations(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_stations(tmp_path_factory.mktemp("stations") / "stations.csv")
-
-
 def datamodule(store: str, stations: str, **kwargs) -> StationReanalysisDataModule:
     args = {"batch_size": 4, "train_batches": 3, **DATES, **kwargs}
     dm = StationReanalysisDataModule(store=store, stations=stations, **args)

@@ -22,18 +22,7 @@ from tests.data.test_era5 import (
     field,
     make_store,
     unnormalise,
-    write_stations,
 )
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_store(tmp_path_factory.mktemp("era5"))
-
-
-@pytest.fixture(scope="module")
-def stations(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_stations(tmp_path_factory.mktemp("stations") / "stations.csv")
 
 
 def loop_block_means(field2d: np.ndarray, factor: int, offset: tuple[int, int]) -> list[float]:

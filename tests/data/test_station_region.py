@@ -7,17 +7,7 @@ import pytest
 import torch
 
 from gridtnp.data.layout import DataError
-from tests.data.test_era5 import datamodule, expected_t2m, make_store, unnormalise, write_stations
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_store(tmp_path_factory.mktemp("era5"))
-
-
-@pytest.fixture(scope="module")
-def stations(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_stations(tmp_path_factory.mktemp("stations") / "stations.csv")
+from tests.data.test_era5 import datamodule, expected_t2m, unnormalise
 
 
 def test_a_region_restricts_grid_stations_and_reads(store: str, stations: str) -> None:
