@@ -88,23 +88,23 @@ def main() -> None:
     args = parser.parse_args()
     started_at = git_commit()  # the code that runs, even if the tree changes while it trains
 
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for recipe in args.recipes:
         row = train_one(recipe, args.minutes, args.threads, args.test_batches, args.compile)
         print(row, flush=True)
         rows.append(row)
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    meta = {
-        "command": f"`{command_line()}`",
-        "device": device_name(device),
-        "torch": torch.__version__,
-        "precision": "32-true",
-        "commit": started_at,
-        "load": f"{os.getloadavg()[0]:.2f} at the end",
-    }
-    for path in write_table(args.out, f"Training budget: {args.minutes:g} minutes per recipe", meta, rows):
-        print(f"wrote {path}")
+        # Written after every recipe, so a long comparison that is stopped keeps the rows it finished.
+        meta = {
+            "command": f"`{command_line()}`",
+            "device": device_name(device),
+            "torch": torch.__version__,
+            "precision": "32-true",
+            "commit": started_at,
+            "load": f"{os.getloadavg()[0]:.2f} at the end",
+        }
+        for path in write_table(args.out, f"Training budget: {args.minutes:g} minutes per recipe", meta, rows):
+            print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
