@@ -34,7 +34,7 @@ def batch_outputs(module: Any, batch: Batch, dist: Any = None) -> dict[str, Tens
     target = batch.target
     out = {
         "mean": dist.mean,
-        "std": calibrate(dist).stddev if callable(calibrate) else dist.stddev,
+        "std": calibrate(dist, batch).stddev if callable(calibrate) else dist.stddev,
         "raw_std": dist.stddev,
         "x": target.x,
         "y": target.y,

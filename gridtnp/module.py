@@ -23,6 +23,7 @@ from gridtnp.metrics import (
 )
 from gridtnp.models.neural_process import TARGET_CHUNK, build_model, count_parameters, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
+from gridtnp.nn.neighbours import knn_points
 from gridtnp.registry import ConfigError
 from gridtnp.training.compiling import CompiledModel
 from gridtnp.training.run_scale import report_training_scale
@@ -57,9 +58,12 @@ class NeuralProcessModule(L.LightningModule):
     Variance calibration (``variance_calibration: true``): after every validation during ``fit`` (not the sanity
     check), one scale per output ``s^2 = weighted mean z^2`` of the uncalibrated predictive over the validation set
     is stored in the buffer ``std_scale`` ``[Dy]`` (saved in every checkpoint, including the best one, written after
-    the validation it was fitted on) and logged as ``val/calibration_scale``. Validation metrics, and so the
-    checkpoint monitor ``val/loglik``, are always of the uncalibrated predictive (the scale is fitted on them).
-    Test and predict multiply the predictive std by ``std_scale``: ``test/{name}`` are calibrated and
+    the validation it was fitted on) and logged as ``val/calibration_scale``. Targets at the location of a context
+    point of the target source (``observed_targets``: a station that is also in the context) get their own scale,
+    ``std_scale_observed`` (``val/calibration_scale_observed``; the other scale where validation had none): a model
+    nearly returns an observed value there, so its error is orders of magnitude below the others'. Validation
+    metrics, and so the checkpoint monitor ``val/loglik``, are always of the uncalibrated predictive (the scales are
+    fitted on them). Test and predict multiply the predictive std by these scales: ``test/{name}`` are calibrated and
     ``test/uncalibrated/{name}`` are reported besides. ``gridtnp.predictions.predict`` applies it too.
 
     The model arguments are the five slots of ``gridtnp.models.build_model`` (each a mapping with a
@@ -168,8 +172,10 @@ class NeuralProcessModule(L.LightningModule):
         if variance_calibration:
             dim_y = int(expand_spec(spec)["target_dim_y"])
             self.register_buffer("std_scale", torch.ones(dim_y))
+            self.register_buffer("std_scale_observed", torch.ones(dim_y))
             self.register_buffer("std_scale_fitted", torch.tensor(False))
             self.calibration_sums = StandardisedSquareByOutput(dim_y)
+            self.calibration_sums_observed = StandardisedSquareByOutput(dim_y)
         #: What the checkpoint keeps of the training data (``StoreDataModule.variable_metadata``), or None.
         self.data_metadata: dict[str, Any] | None = None
 
@@ -257,11 +263,21 @@ class NeuralProcessModule(L.LightningModule):
         if changed and self.trainer.is_global_zero:
             print(f"gridtnp: resumed with the recipe's learning rate {self.lr:g} (the checkpoint had another)")
 
-    def calibrate(self, dist: Normal) -> Normal:
-        """``dist`` with its std multiplied by the fitted ``std_scale`` (unchanged without variance calibration)."""
+    def calibrate(self, dist: Normal, batch: Batch | None = None) -> Normal:
+        """``dist`` ``[B, Nt, Dy]`` with its std multiplied by the fitted ``std_scale``, and by ``std_scale_observed``
+        at the ``batch``'s observed targets (unchanged without variance calibration)."""
         if not self.variance_calibration:
             return dist
-        return Normal(dist.mean, dist.stddev * self.std_scale.to(dist.stddev.dtype))
+        scale = self.std_scale.to(dist.stddev.dtype)
+        if batch is not None:
+            observed = observed_targets(batch, self.target_source).unsqueeze(-1)  # [B, Nt, 1]
+            scale = torch.where(observed, self.std_scale_observed.to(scale), scale)
+        return Normal(dist.mean, dist.stddev * scale)
+
+    @property
+    def target_source(self) -> str | None:
+        """The context source the targets belong to (None: the model names none)."""
+        return getattr(self.model, "target_source", None)
 
     def _evaluate(self, batch: Batch, stage: str) -> None:
         dist = self(batch)
@@ -279,11 +295,14 @@ class NeuralProcessModule(L.LightningModule):
             subsets["context/"] = weight * is_context
             subsets["heldout/"] = weight * ~is_context.bool()
         if stage == "val" and self.variance_calibration:
-            self.calibration_sums.update(mean, std, target.y, weight)
+            observed = observed_targets(batch, self.target_source)
+            self.calibration_sums.update(mean, std, target.y, weight * ~observed)
+            self.calibration_sums_observed.update(mean, std, target.y, weight * observed)
         calibrated = stage == "test" and self.variance_calibration
+        calibrated_std = self.calibrate(dist, batch).stddev if calibrated else None
         for prefix, w in subsets.items():
             if calibrated:
-                self._log_metrics(batch, stage, prefix, mean, self.calibrate(dist).stddev, w)
+                self._log_metrics(batch, stage, prefix, mean, calibrated_std, w)
                 prefix = "uncalibrated/" + prefix
             self._log_metrics(batch, stage, prefix, mean, std, w)
         if calibrated:
@@ -322,16 +341,23 @@ class NeuralProcessModule(L.LightningModule):
             return
         if self._trainer is not None and self.trainer.sanity_checking:
             self.calibration_sums.reset()
+            self.calibration_sums_observed.reset()
             return
         if float(self.calibration_sums.weight) > 0 or (self._trainer is not None and self.trainer.world_size > 1):
-            scale = self.calibration_sums.compute().sqrt()  # [Dy]; a collective call under DDP
+            scale = self.calibration_sums.compute().sqrt()  # [Dy]; collective calls under DDP, so on every rank
+            observed = self.calibration_sums_observed.compute().sqrt()
             if bool(torch.isfinite(scale).all() and (scale > 0).all()):
                 self.std_scale.copy_(scale.to(self.std_scale))
+                usable = bool(torch.isfinite(observed).all() and (observed > 0).all())
+                self.std_scale_observed.copy_((observed if usable else scale).to(self.std_scale))
                 self.std_scale_fitted.fill_(True)
-                for j, s in enumerate(self.std_scale):
+                for j, (s, o) in enumerate(zip(self.std_scale, self.std_scale_observed, strict=True)):
                     name = "calibration_scale" if len(self.std_scale) == 1 else f"calibration_scale_{j}"
                     self.log(f"val/{name}", s)
+                    if usable:
+                        self.log(f"val/{name}_observed", o)
         self.calibration_sums.reset()
+        self.calibration_sums_observed.reset()
 
     def on_test_start(self) -> None:
         if self.variance_calibration and not bool(self.std_scale_fitted):
@@ -358,6 +384,7 @@ class NeuralProcessModule(L.LightningModule):
             return
         if self.variance_calibration:
             state.setdefault("std_scale", torch.ones_like(self.std_scale))
+            state.setdefault("std_scale_observed", state["std_scale"].clone())  # one scale for every target
             state.setdefault("std_scale_fitted", torch.tensor(False))
         elif "std_scale" in state:
             rank_zero_warn(
@@ -365,6 +392,7 @@ class NeuralProcessModule(L.LightningModule):
                 "that this model ignores: set --model.init_args.variance_calibration true to apply it."
             )
             state.pop("std_scale")
+            state.pop("std_scale_observed", None)
             state.pop("std_scale_fitted", None)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
@@ -381,9 +409,9 @@ class NeuralProcessModule(L.LightningModule):
         target = batch.target
         chunk = max(1, TARGET_CHUNK // max(batch.batch_size, 1))
         if target.x.shape[1] > chunk and self.compiled is None:  # bounded memory however many targets
-            dist = self.calibrate(self.model.forward_chunked(batch.context, target.x, chunk))
+            dist = self.calibrate(self.model.forward_chunked(batch.context, target.x, chunk), batch)
         else:
-            dist = self.calibrate(self(batch))
+            dist = self.calibrate(self(batch), batch)
         out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 
@@ -427,3 +455,19 @@ class NeuralProcessModule(L.LightningModule):
                 "max_epochs with a finite training set)."
             )
         return int(total)
+
+
+def observed_targets(batch: Batch, source: str | None) -> Tensor:
+    """``[B, Nt]``: True where a valid target lies at a valid context point of ``source`` (its location, to float32
+    rounding), e.g. a station that is also in the context. ``source`` None: the batch's only context source, if any."""
+    target = batch.target
+    if source is None and len(batch.context) == 1:
+        source = next(iter(batch.context))
+    context = batch.context.get(source) if source is not None else None
+    if context is None or context.x.shape[1] == 0 or target.x.shape[1] == 0:
+        return torch.zeros(target.x.shape[:2], dtype=torch.bool, device=target.x.device)
+    xc, xt = context.x.detach().float(), target.x.detach().float()
+    index, valid = knn_points(xc, context.valid(), xt, 1)  # [B, Nt, 1]
+    nearest = torch.gather(xc, 1, index[..., 0].unsqueeze(-1).expand(-1, -1, xc.shape[-1]))  # [B, Nt, d]
+    tolerance = 1e-6 * (1.0 + xt.abs().amax(-1))
+    return valid[..., 0] & target.valid() & ((nearest - xt).abs().amax(-1) <= tolerance)

@@ -15,6 +15,7 @@ from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, BatchError, Observations
 from gridtnp.cli.reports import format_metrics
 from gridtnp.metrics import MeanSquaredStandardisedError, PhysicalLogLikelihood, evaluation_metrics
+from gridtnp.module import observed_targets
 
 
 def hand_made_batch(seed: int = 0, b: int = 3, n: int = 8) -> Batch:
@@ -181,3 +182,48 @@ def test_variance_calibration_accepts_a_checkpoint_without_it(tmp_path) -> None:
     module.on_load_checkpoint(checkpoint)
     module.load_state_dict(checkpoint["state_dict"])
     assert not bool(module.std_scale_fitted) and float(module.std_scale[0]) == 1.0
+
+
+def observed_batches(count: int, seed: int) -> list[Batch]:
+    """Noise targets; in every task the first 10 targets sit on its context points, whose values they repeat."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        x, y = torch.randn(4, 50, 1, generator=g), torch.randn(4, 50, 1, generator=g)
+        context = {"points": Observations(x[:, :10].clone(), y[:, :10].clone())}
+        out.append(Batch(context, Observations(x, y)))
+    return out
+
+
+def near_exact_where_observed(batch: Batch) -> Normal:
+    """Errors of about 1e-3 at the observed targets and 1 elsewhere, with std 1/3 everywhere."""
+    y = batch.target.y
+    observed = torch.zeros_like(y, dtype=torch.bool)
+    observed[:, :10] = True
+    mean = torch.where(observed, y + 1e-3 * torch.sign(y), torch.zeros_like(y))
+    return Normal(mean, torch.full_like(y, 1.0 / 3.0))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_targets_on_context_points_get_their_own_calibration_scale(tmp_path) -> None:
+    val = observed_batches(3, 0)
+    observed = observed_targets(val[0], None)
+    assert observed[:, :10].all() and not observed[:, 10:].any()
+    module = NeuralProcessModule(preset="cnp", dim=8, dim_x=1, variance_calibration=True)
+    module.forward = near_exact_where_observed
+    t = trainer()
+    t.validate(module, loader(val), verbose=False)
+    held_out = torch.cat([b.target.y[:, 10:] for b in val]).square().mean() * 9.0
+    assert float(module.std_scale[0]) == pytest.approx(math.sqrt(float(held_out)), rel=1e-5)
+    assert float(module.std_scale_observed[0]) == pytest.approx(3e-3, rel=1e-5)  # error 1e-3 over std 1/3
+    t.test(module, loader(val), verbose=False)
+    assert float(t.callback_metrics["test/mean_z2"]) == pytest.approx(1.0, rel=1e-4)  # both groups at 1
+    # Old checkpoints (one scale) load with that scale for every target.
+    path = tmp_path / "model.ckpt"
+    t.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["state_dict"].pop("std_scale_observed")
+    restored = NeuralProcessModule(preset="cnp", dim=8, dim_x=1, variance_calibration=True)
+    restored.on_load_checkpoint(checkpoint)
+    restored.load_state_dict(checkpoint["state_dict"])
+    torch.testing.assert_close(restored.std_scale_observed, module.std_scale)

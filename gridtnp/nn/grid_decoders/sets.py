@@ -117,6 +117,7 @@ class TECrossAttentionDecoder(nn.Module):
         max_pairs: int | None = DEFAULT_MAX_PAIRS,
     ) -> None:
         super().__init__()
+
         def attention(update: bool) -> nn.Module:
             options = (variant, rotation, rho_hidden, update, max_pairs)
             return te_attention(dim, dim_x, heads, head_dim, *options)()
