@@ -152,10 +152,6 @@ def main(argv: list[str] | None = None) -> None:
     meta.pop("memory", None)  # not measured here
     meta["timing"] = f"median of {args.repeats} calls after {args.warmup} warm-up calls; wall and process CPU time"
     report = harness.Report("Cost of the paper recipes", meta)
-    for path in paths:
-        row = measure(path, args.warmup, args.repeats)
-        print(row, flush=True)
-        report.add(row)
 
     def cell(key: str, digits: int = 1) -> Callable[[dict[str, Any]], str]:
         return lambda r: (
@@ -173,8 +169,12 @@ def main(argv: list[str] | None = None) -> None:
         "steps/s (wall)": cell("steps_per_s", 3),
         "step ms (CPU)": cell("step_cpu_ms"),
     }
-    for out in report.write(args.out, columns):
-        print(f"wrote {out}")
+    for path in paths:  # the table is rewritten after every recipe, so a stopped run keeps what it measured
+        row = measure(path, args.warmup, args.repeats)
+        print(row, flush=True)
+        report.add(row)
+        for out in report.write(args.out, columns):
+            print(f"wrote {out}", flush=True)
 
 
 if __name__ == "__main__":

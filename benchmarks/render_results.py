@@ -83,7 +83,8 @@ def budget_rows(rows: list[dict[str, str]], labels: dict[str, str]) -> list[list
     ]
 
 
-BUDGET_HEADER = ["model (recipe)", "parameters", "steps in 3 min", "test log-likelihood", "test RMSE"]
+def budget_header(minutes: int) -> list[str]:
+    return ["model (recipe)", "parameters", f"steps in {minutes} min", "test log-likelihood", "test RMSE"]
 
 
 #: The gridded TNP paper's Table 3 test log-likelihood at l = 0.5 (500,000 steps of batch 8), for each recipe's row.
@@ -108,7 +109,25 @@ def gp2d_paper_budget() -> str:
     }
     rows = read_csv("gp2d_paper_budget_cpu.csv")
     body = [[*row, PAPER_TABLE3[r["recipe"]]] for row, r in zip(budget_rows(rows, labels), rows, strict=True)]
-    return table([*BUDGET_HEADER, "paper, Table 3 log-likelihood"], body)
+    return table([*budget_header(3), "paper, Table 3 log-likelihood"], body)
+
+
+#: Table 3's rows at l = 0.5 (label, paper log-likelihood) for the recipes of ``recipes/paper/``.
+TABLE3_ROWS = {
+    "table3_cnp": ("CNP", "-0.406"),
+    "table3_pt_tnp_m128": ("PT-TNP, M = 128", "0.819"),
+    "table3_convcnp_32x32": ("ConvCNP, five-layer CNN, 32 x 32", "0.801"),
+    "table3_vit_pt_32x32_to_16x16": ("ViTNP, PT-GE 32 x 32 -> 16 x 16", "0.841"),
+    "table3_swin_pt_32x32": ("Swin-TNP, PT-GE 32 x 32", "0.844"),
+    "table3_swin_ki_32x32": ("Swin-TNP, KI-GE 32 x 32", "0.844"),
+}
+
+
+def gp2d_table3_budget() -> str:
+    rows = read_csv("gp2d_table3_budget_cpu.csv")
+    labels = {name: label for name, (label, _) in TABLE3_ROWS.items()}
+    body = [[*row, TABLE3_ROWS[r["recipe"]][1]] for row, r in zip(budget_rows(rows, labels), rows, strict=True)]
+    return table([*budget_header(20), "paper, Table 3 log-likelihood"], body)
 
 
 def gp2d_budget() -> str:
@@ -120,7 +139,7 @@ def gp2d_budget() -> str:
         "gp2d_interp": "learned interpolation: IDW over the 4 nearest, affine map, constant variance",
     }
     rows = [r for name in labels for r in read_csv(f"gp2d_budget_cpu/{name}.csv")]
-    return table(BUDGET_HEADER, budget_rows(rows, labels))
+    return table(budget_header(3), budget_rows(rows, labels))
 
 
 def shifted_rows(name: str, sets: Sequence[str]) -> str:
@@ -230,6 +249,20 @@ def era5_models() -> str:
             for r in rows
         ],
     )
+
+
+def era5_skill_table() -> str:
+    """The classical baselines beside the models, per layout (``benchmarks/era5_skill.py --recipe ...``)."""
+    rows = read_csv("era5_skill_cpu.csv")
+    header = list(rows[0])
+
+    def cell(key: str, value: str) -> str:
+        if key != "model":
+            return value
+        name, _, note = value.partition(" (")  # "era5_mos (refitted)"
+        return f"`{name}`" + (f" ({note}" if note else "")
+
+    return table(header, [[cell(k, v) for k, v in r.items()] for r in rows])
 
 
 def era5_mos_layouts() -> str:
@@ -370,6 +403,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gp1d_tnp": gp1d_tnp,
     "gp2d_paper_budget": gp2d_paper_budget,
     "gp2d_budget": gp2d_budget,
+    "gp2d_table3_budget": gp2d_table3_budget,
     "shifted_gp1d_paper": shifted_gp1d_paper,
     "shifted_gp1d": shifted_gp1d,
     "era5_demo": era5_demo,
@@ -378,6 +412,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "era5_spread": lambda: era5_skill("spread_cpu.jsonl"),
     "era5_regression_climatology": lambda: era5_skill("regression_climatology_cpu.jsonl"),
     "era5_mos_layouts": era5_mos_layouts,
+    "era5_skill": era5_skill_table,
     "era5_models": era5_models,
     "data_loading": data_loading,
     "forward_time_gp2d": forward_time_gp2d,
