@@ -203,7 +203,7 @@ def compare(args: argparse.Namespace, layouts: dict[str, Layout]) -> None:
             print(rows[-1], flush=True)
     meta = {
         "command": f"`{command_line()}`",
-        "device": f"{device_name(torch.device('cpu'))}, {torch.get_num_threads()} torch threads",
+        "device": device_name(torch.device("cpu")),
         "torch": torch.__version__,
         "commit": started_at,
         "data": f"the embedded sample's test days, every hour, {args.draws} context draw(s) per hour, seeds fixed",

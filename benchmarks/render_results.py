@@ -254,7 +254,7 @@ def era5_models() -> str:
 def era5_skill_table() -> str:
     """The classical baselines beside the models, per layout (``benchmarks/era5_skill.py --recipe ...``)."""
     rows = read_csv("era5_skill_cpu.csv")
-    header = list(rows[0])
+    header = list(rows[0])[: list(rows[0]).index("all RMSE (K)") + 1]  # the run's record follows
 
     def cell(key: str, value: str) -> str:
         if key != "model":
@@ -262,7 +262,7 @@ def era5_skill_table() -> str:
         name, _, note = value.partition(" (")  # "era5_mos (refitted)"
         return f"`{name}`" + (f" ({note}" if note else "")
 
-    return table(header, [[cell(k, v) for k, v in r.items()] for r in rows])
+    return table(header, [[cell(k, r[k]) for k in header] for r in rows])
 
 
 def era5_mos_layouts() -> str:

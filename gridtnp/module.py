@@ -306,9 +306,10 @@ class NeuralProcessModule(L.LightningModule):
                 prefix = "uncalibrated/" + prefix
             self._log_metrics(batch, stage, prefix, mean, std, w)
         if calibrated:
-            for j, s in enumerate(self.std_scale):
+            for j, (s, o) in enumerate(zip(self.std_scale, self.std_scale_observed, strict=True)):
                 name = "calibration_scale" if len(self.std_scale) == 1 else f"calibration_scale_{j}"
                 self.log(f"{stage}/{name}", s, batch_size=batch.batch_size)
+                self.log(f"{stage}/{name}_observed", o, batch_size=batch.batch_size)
 
     def _log_metrics(self, batch: Batch, stage: str, prefix: str, mean: Tensor, std: Tensor, weight: Tensor) -> None:
         """Update and log the metrics of one subset of the targets (``prefix``: "", "context/", "uncalibrated/"...)."""
