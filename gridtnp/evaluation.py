@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +81,12 @@ class Evaluation:
             return None
         try:
             self.physical = convert(self.outputs)
-        except (KeyError, ValueError, RuntimeError, IndexError):
+        except (KeyError, ValueError, RuntimeError, IndexError) as err:
+            warnings.warn(
+                f"gridtnp: values drawn in normalised units: {type(datamodule).__name__}.predictions_to_xarray could "
+                f"not convert these outputs ({type(err).__name__}: {err}).",
+                stacklevel=2,
+            )
             self.physical = None
         return self.physical
 
