@@ -135,6 +135,9 @@ def measure(path: Path, warmup: int, repeats: int) -> dict[str, Any]:
     }
 
 
+MEASURED = ("forward_ms", "forward_cpu_ms", "steps_per_s", "step_cpu_ms")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefixes", nargs="+", help="recipe file names (without .yaml) or prefixes, e.g. table4")
@@ -170,7 +173,12 @@ def main(argv: list[str] | None = None) -> None:
         "step ms (CPU)": cell("step_cpu_ms"),
     }
     for path in paths:  # the table is rewritten after every recipe, so a stopped run keeps what it measured
-        row = measure(path, args.warmup, args.repeats)
+        try:
+            row = measure(path, args.warmup, args.repeats)
+        except (MemoryError, RuntimeError) as err:  # under a memory limit (ulimit -v), the row says so
+            if not (isinstance(err, MemoryError) or harness.is_out_of_memory(err)):
+                raise
+            row = {"recipe": path.name, "params": "", "batch": "", **dict.fromkeys(MEASURED, "out of memory")}
         print(row, flush=True)
         report.add(row)
         for out in report.write(args.out, columns):
