@@ -38,6 +38,7 @@ import copy
 import importlib
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -206,6 +207,7 @@ def compare(args: argparse.Namespace, layouts: dict[str, Layout]) -> None:
         "device": device_name(torch.device("cpu")),
         "torch": torch.__version__,
         "commit": started_at,
+        "load": f"{os.getloadavg()[0]:.2f} at the end (fit times are rough when it exceeds the number of cores)",
         "data": f"the embedded sample's test days, every hour, {args.draws} context draw(s) per hour, seeds fixed",
         "layouts": ", ".join(f"{n} = {f} x {f} blocks from cell {o}" for n, (f, o) in layouts.items()),
     }
