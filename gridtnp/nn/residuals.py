@@ -29,6 +29,7 @@ the coarse field today) carries to its neighbours instead of only to its own loc
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
@@ -91,11 +92,26 @@ class Residual(Protocol):
         ...
 
 
-def shape_basis(offsets: Tensor) -> Tensor:
-    """``phi(o) = [o_i, o_i^2, o_i o_j (i < j)]`` of offsets ``[..., Dx]`` -> ``[..., P]``, P = Dx (Dx + 3) / 2."""
-    dx = offsets.shape[-1]
-    rows, cols = torch.triu_indices(dx, dx, 1, device=offsets.device)
-    return torch.cat([offsets, offsets.square(), offsets[..., rows] * offsets[..., cols]], -1)
+def shape_basis(offsets: Tensor, degree: int = 2) -> Tensor:
+    """The monomials of degree 1 to ``degree`` of offsets ``[..., Dx]`` -> ``[..., P]``, in graded order.
+
+    ``degree`` 2: ``phi(o) = [o_i, o_i^2, o_i o_j (i < j)]``, P = Dx (Dx + 3) / 2; 3 adds the cubic monomials
+    (P = 9 for Dx = 2); 1: the offsets alone.
+    """
+    terms = [offsets]
+    if degree >= 2:
+        dx = offsets.shape[-1]
+        rows, cols = torch.triu_indices(dx, dx, 1, device=offsets.device)
+        terms += [offsets.square(), offsets[..., rows] * offsets[..., cols]]
+    for d in range(3, degree + 1):
+        for powers in itertools.combinations_with_replacement(range(offsets.shape[-1]), d):
+            terms.append(offsets[..., list(powers)].prod(-1, keepdim=True))
+    return torch.cat(terms, -1)
+
+
+def basis_size(dim_x: int, degree: int) -> int:
+    """P of ``shape_basis``: the number of monomials of degree 1 to ``degree`` in ``dim_x`` variables."""
+    return math.comb(dim_x + degree, degree) - 1
 
 
 @register("residual", "interpolation")
@@ -144,7 +160,12 @@ class InterpolationResidual(nn.Module):
             interpolation's (a wider one lets the farther neighbours shape the gradients and curvatures), and
             ``a_s`` the source's weight share (so an observed station's own value is left as it is). The
             coefficients ``c(x)`` are a ``LearnedGridEmbedding`` on ``grid`` (zero at initialisation, learning rate
-            times ``lr_scale``): they depend on the place only, never on the day's inputs.
+            times ``lr_scale``): they depend on the place only, never on the day's inputs. ``degree`` (1 to 3,
+            default 2) is that of ``phi``; ``position`` (0 to 3, default 0) makes every coefficient a polynomial of
+            that degree in the target's offset ``u`` from the source's nearest point, ``c_sp(x, u) = sum_q c_spq(x)
+            psi_q(u)`` with ``psi = [1, shape_basis(u)]``: for a coarse field of block averages, where the target
+            sits in its block, which decides which neighbouring blocks share its sub-grid features, so one table
+            serves every block layout as a refitted MOS serves its own.
         departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}``: add the departures ``d_j = y_j - m(x_j)`` of
             the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
             ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
@@ -216,7 +237,9 @@ class InterpolationResidual(nn.Module):
             nn.init.zeros_(self.direction.bias)
         self.regression = None if regression is None else self._regression(regression)
         if self.regression is not None:
-            terms = len(self.regression["sources"]) * (1 + dim_x * (dim_x + 3) // 2) * dim_y
+            spec = self.regression
+            per_source = (1 + basis_size(dim_x, spec["degree"])) * (1 + basis_size(dim_x, spec["position"]))
+            terms = len(spec["sources"]) * per_source * dim_y
             grid, lr_scale = self.regression["grid"], self.regression["lr_scale"]
             self.coefficients = LearnedGridEmbedding(dim_x, grid, terms, init_std=0.0, lr_scale=lr_scale)
             own = self.regression.get("lengthscale")  # else the interpolation's lengthscales, shared
@@ -226,14 +249,18 @@ class InterpolationResidual(nn.Module):
 
     def _regression(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The checked ``regression`` spec with its defaults filled in."""
-        allowed = {"sources", "grid", "lr_scale", "lengthscale"}
+        allowed = {"sources", "grid", "lr_scale", "lengthscale", "degree", "position"}
         if not isinstance(spec, dict) or "grid" not in spec or set(spec) - allowed:
             raise ValueError(
                 f"{WHERE}: regression must be a mapping with 'grid' (the lattice of its coefficients) and optionally "
-                f"sources, lr_scale and lengthscale (e.g. {{sources: [grid], grid: {{lower: [...], upper: [...], "
-                f"shape: [...]}}, lr_scale: 30, lengthscale: 0.75}}); got {spec!r}."
+                f"sources, lr_scale, lengthscale, degree and position (e.g. {{sources: [grid], grid: {{lower: [...], "
+                f"upper: [...], shape: [...]}}, lr_scale: 30, lengthscale: 0.75}}); got {spec!r}."
             )
-        out = {"sources": self.sources[:1], "lr_scale": 30.0, **spec}
+        out = {"sources": self.sources[:1], "lr_scale": 30.0, "degree": 2, "position": 0, **spec}
+        for key, low in (("degree", 1), ("position", 0)):
+            value = out[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 3:
+                raise ValueError(f"{WHERE}: regression.{key} must be an integer from {low} to 3; got {value!r}.")
         out["sources"] = [out["sources"]] if isinstance(out["sources"], str) else list(out["sources"])
         if not out["sources"] or set(out["sources"]) - set(self.sources):
             raise ValueError(
@@ -340,12 +367,25 @@ class InterpolationResidual(nn.Module):
                 logits = torch.where(torch.isfinite(logits), -0.5 * offsets.square().sum(-1), float("-inf"))
             w = torch.softmax(logits, -1).nan_to_num(0.0).unsqueeze(-1)  # [B, Nt, k, 1], within the source
             departure = values - (w * values).sum(-2, keepdim=True)  # [B, Nt, k, Dy]
-            phi = shape_basis(offsets.to(values.dtype))  # [B, Nt, k, P]
+            phi = shape_basis(offsets.to(values.dtype), self.regression["degree"])  # [B, Nt, k, P]
             g = torch.einsum("btkp,btky->btpy", w * phi, departure)  # [B, Nt, P, Dy]
-            terms.append(a[..., None, None] * torch.cat([torch.ones_like(g[..., :1, :]), g], -2))
-        features = torch.cat(terms, -2)  # [B, Nt, S' (1 + P), Dy]
+            g = a[..., None, None] * torch.cat([torch.ones_like(g[..., :1, :]), g], -2)  # [B, Nt, 1 + P, Dy]
+            if self.regression["position"] > 0:
+                psi = self._position_basis(logits, offsets).to(g.dtype)  # [B, Nt, Q]
+                g = (g.unsqueeze(-2) * psi[..., None, :, None]).flatten(-3, -2)  # [B, Nt, (1 + P) Q, Dy]
+            terms.append(g)
+        features = torch.cat(terms, -2)  # [B, Nt, S' (1 + P) Q, Dy]
         coefficients = self.coefficients(xt).view(b, nt, -1, dy).to(features.dtype)
         return (coefficients * features).sum(-2)
+
+    def _position_basis(self, logits: Tensor, offsets: Tensor) -> Tensor:
+        """``[1, phi(u)]`` ``[B, Nt, Q]`` of each target's offset ``u`` from its nearest valid neighbour (for a block
+        average: where the target sits in its block), ``phi`` the monomials up to ``regression.position``."""
+        distance = offsets.square().sum(-1).masked_fill(~torch.isfinite(logits), float("inf"))  # [B, Nt, k]
+        nearest = distance.argmin(-1, keepdim=True)  # [B, Nt, 1]
+        u = -offsets.gather(-2, nearest.unsqueeze(-1).expand(*nearest.shape, offsets.shape[-1])).squeeze(-2)
+        phi = shape_basis(u, self.regression["position"])  # [B, Nt, Q - 1]
+        return torch.cat([torch.ones_like(phi[..., :1]), phi], -1)
 
     def _spread_factor(self, context: dict[str, tuple[Tensor, Tensor, Tensor]]) -> Tensor:
         """The std factor ``(nu / nu_0)^alpha`` ``[B, 1, 1]`` of each task (see ``spread``)."""

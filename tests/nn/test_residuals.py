@@ -9,7 +9,7 @@ import torch
 from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.models.neural_process import expand_spec
-from gridtnp.nn.residuals import InterpolationResidual, shape_basis, shift_mean
+from gridtnp.nn.residuals import InterpolationResidual, basis_size, shape_basis, shift_mean
 from gridtnp.registry import ConfigError
 
 
@@ -354,6 +354,15 @@ def test_shape_basis_lists_offsets_squares_and_products():
     assert shape_basis(torch.ones(4, 3)).shape == (4, 9)  # 3 offsets, 3 squares, 3 products
 
 
+def test_shape_basis_degrees_one_and_three():
+    o = torch.tensor([[2.0, 3.0]])
+    torch.testing.assert_close(shape_basis(o, 1), o)
+    cubic = torch.tensor([[2.0, 3.0, 4.0, 9.0, 6.0, 8.0, 12.0, 18.0, 27.0]])  # ..., x^3, x^2 y, x y^2, y^3
+    torch.testing.assert_close(shape_basis(o, 3), cubic)
+    for dx, degree in ((2, 1), (2, 2), (2, 3), (3, 2), (3, 3)):
+        assert shape_basis(torch.ones(1, dx), degree).shape[-1] == basis_size(dx, degree)
+
+
 def test_regression_adds_the_place_coefficients_times_the_local_shape():
     # correction = a_coarse (c_0(x) + sum_p c_p(x) g_p), g_p = sum_j w_j phi_p(o_j) (y_j - m), written out for one
     # target on a lattice point (so c(x) is that point's row), with the weights renormalised within the source.
@@ -390,6 +399,38 @@ def test_regression_adds_the_place_coefficients_times_the_local_shape():
     g = (w[:, None] * phi * (y - (w * y).sum())[:, None]).sum(0)
     expected = plain(context, xt)[0] + share[..., :1] * (row[0] + (row[1:] * g).sum())
     torch.testing.assert_close(mean, expected)
+
+
+def test_regression_position_makes_the_coefficients_polynomials_of_the_offset_to_the_nearest_point():
+    # position 1, degree 1: correction = a (sum_q c_0q psi_q(u) + sum_p sum_q c_pq psi_q(u) g_p), psi = [1, u_1, u_2],
+    # u the target minus its nearest valid coarse point, in the regression's lengthscale (here the interpolation's).
+    torch.manual_seed(9)
+    coarse = (torch.randn(1, 6, 2), torch.randn(1, 6, 1), torch.tensor([[True, False, True, True, True, True]]))
+    context = {"coarse": coarse}
+    kwargs = {"k": 4, "lengthscale": 1.5, "dim": 4}
+    plain = InterpolationResidual(["coarse"], 1, {"coarse": 1}, **kwargs)
+    interp = InterpolationResidual(
+        ["coarse"], 1, {"coarse": 1}, **kwargs, regression={"grid": LATTICE, "degree": 1, "position": 1}
+    )
+    assert interp.coefficients.table.shape[-1] == (1 + 2) * (1 + 2)
+    row = torch.arange(9.0) / 10 - 0.3  # [(1 + P) x Q] in that order
+    with torch.no_grad():
+        interp.coefficients.table[3 * 5 + 1] = row / interp.coefficients.lr_scale  # lattice point (1, -1)
+    xt = torch.tensor([[[1.0, -1.0]]])
+    mean, share, _ = interp(context, xt)
+    points = coarse[2][0].nonzero().flatten()
+    d2 = (xt[0, 0] - coarse[0][0, points]).square().sum(-1)
+    near = d2.argsort()[:4]
+    w = torch.softmax(-0.5 * d2[near] / 1.5**2, 0)
+    y = coarse[1][0, points[near], 0]
+    o = (coarse[0][0, points[near]] - xt[0, 0]) / 1.5  # [4, 2]
+    g = torch.cat([torch.ones(1), (w[:, None] * o * (y - (w * y).sum())[:, None]).sum(0)])  # [1 + P]
+    psi = torch.cat([torch.ones(1), -o[0]])  # the nearest point comes first
+    expected = plain(context, xt)[0] + share * (row.view(3, 3) * g[:, None] * psi[None]).sum()
+    torch.testing.assert_close(mean, expected)
+    for key, bad in (("degree", 0), ("degree", 4), ("degree", True), ("position", -1), ("position", 1.5)):
+        with pytest.raises(ValueError, match=f"regression.{key} must be an integer"):
+            InterpolationResidual(["coarse"], 1, {"coarse": 1}, regression={"grid": LATTICE, key: bad})
 
 
 def test_regression_leaves_observed_stations_and_round_trips():
