@@ -10,8 +10,10 @@ layout (as MOS is fitted), and over all 16 block offsets at once (as the neural 
 fall. Rows: the 9 block values themselves (as departures from the interpolation: MOS's regressors), the kernel-
 weighted gradients and curvatures of the coarse field around the station (``residual.regression``'s statistics, at
 the interpolation's 0.5 degree lengthscale and at 0.75 degree), on values or on departures from the training dates'
-hourly climatology (``climatology: true``). The interpolation is the Gaussian-weighted mean of the 9 blocks at a
-0.5 degree lengthscale. Test RMSE in kelvin over all stations and test hours.
+hourly climatology (``climatology: true``), with the cubic terms (``degree: 3``) and with every coefficient a
+quadratic in the station's offset from its nearest block centre (``position: 2``). The interpolation is the
+Gaussian-weighted mean of the 9 blocks at a 0.5 degree lengthscale. Test RMSE in kelvin over all stations and test
+hours.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import xarray as xr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,6 +32,7 @@ from harness import git_commit
 from gridtnp.data.era5.blocks import BlockLayout
 from gridtnp.data.layout import normalise
 from gridtnp.data.sample import ERA5_SAMPLE, sample_path
+from gridtnp.nn.residuals import shape_basis
 
 FACTOR, NEIGHBOURS, INTERPOLATION_LENGTHSCALE = 4, 9, 0.5
 
@@ -40,8 +44,14 @@ def regressors(
     offset: tuple[int, int],
     kind: str,
     lengthscale: float,
+    degree: int = 2,
+    position: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The interpolation ``[S, T]`` of each station's 9 nearest blocks and the regressors ``[S, T, F]`` (with a 1)."""
+    """The interpolation ``[S, T]`` of each station's 9 nearest blocks and the regressors ``[S, T, F]`` (with a 1).
+
+    ``degree`` and ``position`` as ``residual.regression``'s: the shape statistics' monomials up to ``degree``, and
+    every regressor times the monomials up to ``position`` of the station's offset from its nearest block centre.
+    """
     t, h, w = field.shape
     layout = BlockLayout(np.array([FACTOR]), np.array([offset]), (h, w))
     blocks = layout.means(field.reshape(t, h * w).T[None])[0]  # [blocks, T]
@@ -60,11 +70,16 @@ def regressors(
         x = (values - base[:, None]).transpose(0, 2, 1)  # [S, T, K]
     else:
         o = offsets / lengthscale
-        phi = np.stack([o[..., 0], o[..., 1], o[..., 0] ** 2, o[..., 1] ** 2, o[..., 0] * o[..., 1]], -1)
+        phi = shape_basis(torch.from_numpy(o), degree).numpy()  # [S, K, P]
         wgt = weights(lengthscale)
         mean = np.einsum("sk,skt->st", wgt, values)
-        x = np.einsum("sk,skp,skt->stp", wgt, phi, values - mean[:, None])  # [S, T, 5]
-    return base, np.concatenate([np.ones_like(x[..., :1]), x], -1)
+        x = np.einsum("sk,skp,skt->stp", wgt, phi, values - mean[:, None])  # [S, T, P]
+    x = np.concatenate([np.ones_like(x[..., :1]), x], -1)
+    if position:
+        u = torch.from_numpy(-offsets[:, 0] / lengthscale)  # the nearest block centre comes first
+        psi = np.concatenate([np.ones((len(xs), 1)), shape_basis(u, position).numpy()], -1)  # [S, Q]
+        x = (x[..., None] * psi[:, None, None]).reshape(*x.shape[:2], -1)
+    return base, x
 
 
 def ridge(x: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
@@ -88,15 +103,24 @@ def main() -> None:
         ("kernel-weighted gradients and curvatures, 0.5 degree", "shape", 0.5, False),
         ("the same, on departures from the hourly climatology", "shape", 0.5, True),
         ("the same, shape weighted at 0.75 degree", "shape", 0.75, True),
+        ("the same, with the cubic terms (`degree: 3`)", "shape", 0.75, True, 3),
+        (
+            "the same, coefficients quadratic in the station's place in its block (`position: 2`)",
+            "shape",
+            0.75,
+            True,
+            3,
+            2,
+        ),
     ]
     offsets = [(a, b) for a in range(FACTOR) for b in range(FACTOR)]
     print(f"Per-station ridge regressions, {len(cells)} stations, test RMSE (K), commit {git_commit()}")
     print("| regressors | fitted on one layout | fitted over all 16 offsets |")
     print("| --- | --- | --- |")
-    for name, kind, lengthscale, anomalies in rows:
+    for name, kind, lengthscale, anomalies, *powers in rows:
         source = field - climatology if anomalies else field
         reference = climatology[:, cells[:, 0], cells[:, 1]].T if anomalies else 0.0
-        built = {o: regressors(source, xs, coords, o, kind, lengthscale) for o in offsets}
+        built = {o: regressors(source, xs, coords, o, kind, lengthscale, *powers) for o in offsets}
         target = {o: value - reference - base for o, (base, _) in built.items()}
         base, x = built[(0, 0)]
         one = ridge(x[:, train], target[(0, 0)][:, train], 1e-3)

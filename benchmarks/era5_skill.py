@@ -147,8 +147,9 @@ def refitted(config: dict[str, Any], layout: Layout, fitted_on: Layout) -> dict[
     return config
 
 
-def fit(config: dict[str, Any], run: Path) -> dict[str, Any]:
-    """``gridtnp fit`` of ``config`` into ``run`` (reused if it has a checkpoint): the best checkpoint and the cost."""
+def fit(config: dict[str, Any], run: Path, threads: int | None = None) -> dict[str, Any]:
+    """``gridtnp fit`` of ``config`` into ``run`` (reused if it has a checkpoint) on ``threads`` torch threads (else
+    torch's default, one per core): the best checkpoint and the cost."""
     record = run / "fit.json"
     if not (run / "checkpoints" / "last.ckpt").exists():
         run.mkdir(parents=True, exist_ok=True)
@@ -157,8 +158,9 @@ def fit(config: dict[str, Any], run: Path) -> dict[str, Any]:
         command += ["--trainer.default_root_dir", str(run), "--checkpoint.dirpath", str(run / "checkpoints")]
         print("$", " ".join(command), flush=True)
         start = time.perf_counter()
-        subprocess.run(command, check=True)
-        record.write_text(json.dumps({"fit_seconds": round(time.perf_counter() - start, 1)}))
+        env = os.environ | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
+        subprocess.run(command, check=True, env=env)
+        record.write_text(json.dumps({"fit_seconds": round(time.perf_counter() - start, 1), "threads": threads}))
     ckpt, _, _ = best_checkpoint(run / "checkpoints")
     steps = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
     batch = config["data"]["init_args"].get("batch_size")
@@ -174,14 +176,14 @@ def compare(args: argparse.Namespace, layouts: dict[str, Layout]) -> None:
     for recipe in args.recipe:
         config = yaml.safe_load(recipe.read_text())
         model_rows = []
-        result = fit(config, args.runs / recipe.stem)
+        result = fit(config, args.runs / recipe.stem, args.threads)
         model = NeuralProcessModule.load_from_checkpoint(result["ckpt"], map_location="cpu").eval()
         for name, row in score_layouts(config, model, layouts, args.draws, "test").items():
             model_rows.append((recipe.stem, first_name, result["budget"], name, row))
         if recipe.stem in args.refit:
             for name, layout in list(layouts.items())[1:]:
                 again = refitted(config, layout, first)
-                result = fit(again, args.runs / f"{recipe.stem}-{name}")
+                result = fit(again, args.runs / f"{recipe.stem}-{name}", args.threads)
                 model = NeuralProcessModule.load_from_checkpoint(result["ckpt"], map_location="cpu").eval()
                 row = score_layouts(again, model, {name: layout}, args.draws, "test")[name]
                 model_rows.append((f"{recipe.stem} (refitted)", name, result["budget"], name, row))

@@ -254,9 +254,9 @@ def era5_models() -> str:
     )
 
 
-def era5_skill_table() -> str:
-    """The classical baselines beside the models, per layout (``benchmarks/era5_skill.py --recipe ...``)."""
-    rows = read_csv("era5_skill_cpu.csv")
+def era5_skill_table(name: str = "era5_skill_cpu.csv") -> str:
+    """Models (the classical baselines beside them) per layout, from ``benchmarks/era5_skill.py --recipe ...``."""
+    rows = read_csv(name)
     header = list(rows[0])[: list(rows[0]).index("all RMSE (K)") + 1]  # the run's record follows
 
     def cell(key: str, value: str) -> str:
@@ -414,6 +414,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "era5_residual": lambda: era5_skill("residual_cpu.jsonl", loglik=False),
     "era5_spread": lambda: era5_skill("spread_cpu.jsonl"),
     "era5_regression_climatology": lambda: era5_skill("regression_climatology_cpu.jsonl"),
+    "era5_position": lambda: era5_skill_table("era5_skill/position_cpu.csv"),
     "era5_mos_layouts": era5_mos_layouts,
     "era5_skill": era5_skill_table,
     "era5_models": era5_models,
