@@ -163,7 +163,8 @@ def timed_prepare(files: list[Path], out: Path, train_end: str) -> dict[str, flo
             "--train-end", train_end, "--climatology"]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(args, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep what is importable now
+    proc = subprocess.run(args, check=True, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
     wall = time.perf_counter() - start
     print(proc.stdout)
     rates = [line for line in proc.stdout.splitlines() if "MB/s" in line]  # the writer's own rate, start-up excluded
