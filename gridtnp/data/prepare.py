@@ -88,20 +88,21 @@ def prepare(
 ) -> Path:
     """Write ``inputs`` as a prepared Zarr store at ``out`` (see the module docstring) and return its path.
 
-    ``time_chunk`` steps per chunk; None picks the most steps (at most 24) whose chunk of the largest variable
-    stays under 4 MiB: 24 for a regional box, 1 for a global 0.25 degree grid (721 x 1,440: 4.0 MiB a step).
+    ``time_chunk`` steps per chunk; None picks the most steps (at most 24) whose chunk of the largest variable stays
+    under 4 MiB: 24 for a regional box, 1 for a global 0.25 degree grid (721 x 1,440: 4.0 MiB a step).
     ``climatology``: also store each variable's mean per grid point and UTC hour of day over the training period
     (``gridtnp.data.climatology``), in the same pass over the inputs. ``start``/``end`` (inclusive dates),
     ``region`` (``lat_min, lat_max, lon_min, lon_max``; across the date line when ``lon_min > lon_max``) and
     ``levels`` cut the inputs first; ``variables`` may then use archive or short names (``gridtnp.data.archive``);
     ``storage_options``: fsspec options of URL inputs (``{"token": "anon"}`` for public buckets). The data is
-    written in blocks of ``block_steps`` time steps (default about 128 MiB), read with ``jobs`` threads (or on the
-    cluster of an active ``dask.distributed`` client); a checkpoint every ``checkpoint_s`` seconds lets a rerun of a
-    killed prepare resume (``gridtnp.data.writer``). ``scheduler``: the address of a ``dask.distributed``
-    scheduler (``tcp://host:8786``) whose workers do the reading (they must see the inputs); the store is the one a
-    local run writes. ``coarsen``: average ``coarsen x coarsen`` blocks of grid points first (NaN-aware; a partial
-    block at the end of an axis is dropped). ``space_chunk``: grid points per chunk along latitude and longitude
-    (default: the whole grid), so that a task on a region reads only the chunks over it.
+    written in blocks of ``block_steps`` time steps (default about 128 MiB), read with ``jobs`` threads (default:
+    dask's for Zarr inputs, 1 for local NetCDF/GRIB files, whose reads take a lock; or on the cluster of an active
+    ``dask.distributed`` client), the next block while one is written; a checkpoint every ``checkpoint_s`` seconds
+    lets a rerun of a killed prepare resume (``gridtnp.data.writer``). ``scheduler``: the address of a
+    ``dask.distributed`` scheduler (``tcp://host:8786``) whose workers do the reading (they must see the inputs);
+    the store is the one a local run writes. ``coarsen``: average ``coarsen x coarsen`` blocks of grid points first
+    (NaN-aware; a partial block at the end of an axis is dropped). ``space_chunk``: grid points per chunk along
+    latitude and longitude (default: the whole grid), so that a task on a region reads only the chunks over it.
     """
     log = print if progress else _silent
     out_path = Path(out)
@@ -116,6 +117,8 @@ def prepare(
         inputs = [inputs]
     box = parse_region(region) if region is not None else None
     selection = Selection(start, end, box, list(levels) if levels is not None else None, storage_options)
+    if jobs is None and scheduler is None and all(locked_reads(path) for path in inputs):
+        jobs = 1  # NetCDF/GRIB reads are serialised by a lock: threads only contend for it
     log(f"gridtnp data prepare: [1/4] opening {len(inputs)} input file(s)")
     with netcdf_chunk_cache(NETCDF_CHUNK_CACHE), _cluster(scheduler, log):
         source = open_sources(inputs, variables, time_chunk, selection)
@@ -192,6 +195,12 @@ def _cluster(address: str | None, log: Any) -> Iterator[None]:
         workers = len(client.scheduler_info()["workers"])
         log(f"gridtnp data prepare: reading on the cluster at {address} ({workers} workers)")
         yield
+
+
+def locked_reads(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a local NetCDF or GRIB file: its reads go through a library lock (HDF5, ecCodes)."""
+    name = str(path).rstrip("/")
+    return not is_url(name) and Path(name).suffix.lower() != ".zarr"
 
 
 def partial_path(out: Path) -> Path:
@@ -286,7 +295,13 @@ def data_main(argv: Sequence[str]) -> None:
         metavar="KEY=VALUE",
         help="fsspec option of URL inputs, repeatable (e.g. token=anon for a public bucket)",
     )
-    p.add_argument("--jobs", type=int, default=None, metavar="N", help="concurrent reads (default: dask's threads)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrent reads (default: dask's threads for Zarr inputs, 1 for local NetCDF/GRIB files)",
+    )
     p.add_argument("--coarsen", type=int, default=1, metavar="F", help="average F x F blocks of grid points first")
     p.add_argument(
         "--space-chunk",

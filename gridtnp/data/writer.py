@@ -5,7 +5,8 @@ threads, or the ``dask.distributed`` cluster of an active ``Client``), written i
 into running statistics: per variable (and level) the count, mean and sum of squared deviations of the finite
 training values (merged block by block, Chan et al.), and with ``climatology`` the float64 sums per grid point and
 UTC hour of day (``HourlySums``: the steps per hour, and counts of missing values only once a variable has one).
-Memory is one block and the climatology sums, whatever the number of inputs.
+The next block is read while one is written. Memory is two blocks and the climatology sums, whatever the number
+of inputs.
 
 A checkpoint (``STATE``: the blocks done and the statistics so far, in the partial store) is saved every
 ``checkpoint_s`` seconds; a rerun of the same request (same ``fingerprint``) resumes after the last checkpoint's
@@ -25,6 +26,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -203,25 +205,41 @@ def write_blocks(
     nbytes = sum(4 * int(np.prod(ds[v].shape)) for v in names)
     started, last_log, last_save = time.perf_counter(), 0.0, time.perf_counter()
     first_hour = starts[done] if done < len(starts) else total
-    for index in range(done, len(starts)):
+
+    # jobs 1: every chunk read in the reading thread, without dask's thread pool (NetCDF/HDF5 reads take a global
+    # lock, so more threads only contend for it); else ``jobs`` threads, or the active distributed client's workers.
+    options: dict[str, Any] = {"scheduler": "sync"} if jobs == 1 else ({"num_workers": jobs} if jobs else {})
+
+    def read(index: int) -> tuple[np.ndarray, ...]:
         a, b = starts[index], min(starts[index] + size, total)
-        arrays = dask.compute(*[ds[v].data[a:b] for v in names], **({"num_workers": jobs} if jobs else {}))
-        for i, (v, values) in enumerate(zip(names, arrays, strict=True)):
-            if write:
-                group[v][offset + a : offset + b] = values
-            lo, hi = max(a, train[0]), min(b, train[1])
-            if lo < hi:
-                part = values[lo - a : hi - a]
-                moments[v].add(part, level_axis[v])
-                if clim is not None:
-                    clim.add(v, part, hour_of_day[lo:hi], count_steps=i == 0)
-        now = time.perf_counter()
-        if write and (now - last_save >= checkpoint_s or index == len(starts) - 1):
-            save_state(store, fingerprint, index + 1, moments, clim)
-            last_save = now
-        if now - last_log >= every or index == len(starts) - 1:
-            last_log = now
-            log(_progress_line(b - first_hour, total - first_hour, nbytes * (b - first_hour) / total, now - started))
+        return dask.compute(*[ds[v].data[a:b] for v in names], **options)
+
+    # The next block is read while this one is written and folded into the statistics (two blocks in memory), so
+    # reading (decompression, a remote store's round trips) overlaps writing (compression) and the statistics.
+    with ThreadPoolExecutor(1, thread_name_prefix="gridtnp-prepare-read") as reader:
+        upcoming = reader.submit(read, done) if done < len(starts) else None
+        for index in range(done, len(starts)):
+            a, b = starts[index], min(starts[index] + size, total)
+            arrays = upcoming.result()
+            upcoming = reader.submit(read, index + 1) if index + 1 < len(starts) else None
+            for i, (v, values) in enumerate(zip(names, arrays, strict=True)):
+                if write:
+                    group[v][offset + a : offset + b] = values
+                lo, hi = max(a, train[0]), min(b, train[1])
+                if lo < hi:
+                    part = values[lo - a : hi - a]
+                    moments[v].add(part, level_axis[v])
+                    if clim is not None:
+                        clim.add(v, part, hour_of_day[lo:hi], count_steps=i == 0)
+            now = time.perf_counter()
+            if write and (now - last_save >= checkpoint_s or index == len(starts) - 1):
+                save_state(store, fingerprint, index + 1, moments, clim)
+                last_save = now
+            if now - last_log >= every or index == len(starts) - 1:
+                last_log = now
+                log(
+                    _progress_line(b - first_hour, total - first_hour, nbytes * (b - first_hour) / total, now - started)
+                )
     stats = {}
     for v in names:
         mean, std = moments[v].result()
