@@ -235,6 +235,7 @@ class ChunkCache:
         )
         self._pool: Any = None
         self._ds: xr.Dataset | None = None
+        self._direct: xr.Dataset | None = None
         self._pid: int | None = None
         self._bounds: dict[str, np.ndarray] = {}
         self._lru: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
@@ -242,7 +243,9 @@ class ChunkCache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_ds=None, _pid=None, _pool=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[])
+        state.update(
+            _ds=None, _direct=None, _pid=None, _pool=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[]
+        )
         return state
 
     def dataset(self) -> xr.Dataset:
@@ -251,17 +254,29 @@ class ChunkCache:
             ds = open_store(self.store, self.variables or None, self.storage_options, self.convert_layout)
             self._ds = ds.isel(self.region) if self.region else ds
             self._pid, self._lru, self._bounds, self._pool = os.getpid(), OrderedDict(), {}, None
+            self._direct = None
+            if not self.convert_layout:  # chunks read without dask: its graph costs as much as the read itself
+                direct = xr.open_zarr(self.store, chunks=None, storage_options=self.storage_options)
+                direct = direct[list(self._ds.data_vars)]
+                self._direct = direct.isel(self.region) if self.region else direct
         return self._ds
+
+    def _steps(self, variable: str, a: int, b: int) -> np.ndarray:
+        """Time steps ``[a, b)`` of ``variable`` from the store: through xarray's lazy backend array for a store
+        in the prepared layout, through dask where the layout is converted on the fly."""
+        if self._direct is not None:
+            return np.asarray(self._direct[variable].variable[a:b].values)
+        return np.asarray(self.dataset()[variable].data[a:b].compute(scheduler="synchronous"))
 
     def _fetch(self, jobs: list[tuple[str, int]]) -> list[np.ndarray]:
         """The chunks ``[(variable, chunk)]`` as arrays, read concurrently by this process's threads (created
         after a fork into a DataLoader worker; dask's own pool would not survive it)."""
-        ds = self.dataset()
+        self.dataset()
 
         def one(job: tuple[str, int]) -> np.ndarray:
             variable, c = job
             bounds = self.bounds(variable)
-            return np.asarray(ds[variable].data[bounds[c] : bounds[c + 1]].compute(scheduler="synchronous"))
+            return self._steps(variable, int(bounds[c]), int(bounds[c + 1]))
 
         if self.fetch_threads <= 1 or len(jobs) == 1:
             return [one(job) for job in jobs]
@@ -282,11 +297,10 @@ class ChunkCache:
         self, spans: list[tuple[str, list[int], np.ndarray]], err: Exception
     ) -> tuple[str, int | str, Exception]:
         """After a failed read of several chunks: the first one that fails on its own (the error path only)."""
-        ds = self.dataset()
         for variable, chunks, bounds in spans:
             for c in chunks:
                 try:
-                    np.asarray(ds[variable].data[bounds[c] : bounds[c + 1]])
+                    self._steps(variable, int(bounds[c]), int(bounds[c + 1]))
                 except Exception as own:
                     return variable, c, own
         return spans[0][0], ", ".join(str(c) for c in spans[0][1]), err
