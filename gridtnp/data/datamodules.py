@@ -271,7 +271,12 @@ class TaskDataModule(L.LightningDataModule):
                     "lower batch_size or raise eval_draws), or use 0 batches."
                 )
             sampler = ShardSampler(dataset, world, self._rank())
-        return DataLoader(dataset, sampler=sampler, shuffle=False, **self.loader_kwargs())
+        # Persistent workers: each validation run reuses the workers (their open store, tables and chunk cache)
+        # instead of starting them again; the fixed set's batches depend on their index only, not on the worker.
+        persistent = self.num_workers > 0
+        return DataLoader(
+            dataset, sampler=sampler, shuffle=False, persistent_workers=persistent, **self.loader_kwargs()
+        )
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val")

@@ -49,3 +49,23 @@ def test_persistent_workers_draw_each_epochs_batches_and_survive_epochs() -> Non
     full, _ = _epochs(0, 3)
     assert set(resumed[0]) < set(full[1]) and len(resumed[0]) == 2  # the rest of epoch 1
     assert resumed[1] == full[2]
+
+
+def _eval_runs(workers: int, runs: int) -> tuple[list[list[float]], set[int]]:
+    spec = {"name": "gp1d", "max_context": 8, "num_targets": 8}
+    dm = SyntheticDataModule(spec, batch_size=2, val_batches=3, num_workers=workers)
+    dm.split_task = lambda split, task=dm.split_task: _Pid(task(split))  # type: ignore[method-assign]
+    loader = dm.val_dataloader()
+    sums, pids = [], set()
+    for _ in range(runs):  # Lightning iterates the same validation loader at every validation run
+        batches = list(loader)
+        sums.append([round(b.target.y.sum().item(), 5) for b in batches])
+        pids |= {int(b.extras["pid"]) for b in batches}
+    return sums, pids
+
+
+def test_evaluation_workers_persist_and_give_the_fixed_set() -> None:
+    serial, _ = _eval_runs(0, 1)
+    parallel, pids = _eval_runs(2, 3)
+    assert parallel == serial * 3  # the same fixed batches, in order, at every run
+    assert len(pids) == 2  # two workers for the three runs, not two per run

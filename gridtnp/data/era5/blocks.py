@@ -202,7 +202,7 @@ class LayoutTables:
         out = np.empty((len(layout.factor), len(self.points)), dtype=np.float64)  # type: ignore[arg-type]
         for key, tasks in layout.groups().items():
             index, valid = self.members(key)
-            picked = values[tasks][:, index].astype(np.float64)  # [k, S, M]
+            picked = values[tasks[:, None, None], index[None]].astype(np.float64)  # [k, S, M], no copy of the fields
             ok = valid[None] & np.isfinite(picked)
             total = np.where(ok, picked, 0.0).sum(-1)
             count = ok.sum(-1)
