@@ -306,7 +306,8 @@ class ChunkCache:
         return spans[0][0], ", ".join(str(c) for c in spans[0][1]), err
 
     def read(self, requests: Sequence[tuple[str, np.ndarray]]) -> list[np.ndarray]:
-        """``[(variable, time index [T])]`` -> ``[fields [T, H, W]]``, reading each missing chunk once."""
+        """``[(variable, time index [T])]`` -> ``[fields [T, H, W]]``, reading each missing chunk once; requests for
+        the same variable and steps share one array (treat the fields as read-only)."""
         self.dataset()
         located = []
         for variable, index in requests:
@@ -335,18 +336,22 @@ class ChunkCache:
             self.loaded.extend(missing)
         for key in needed:
             self._lru.move_to_end(key)
-        out = []
+        out, made = [], {}
         for variable, index, chunk, bounds in located:
+            key = (variable, index.tobytes())
+            if key in made:  # the same steps asked twice (e.g. the station variable at the grid's hour): one array
+                out.append(made[key])
+                continue
             first = self._lru[(variable, int(chunk[0]))]
             field = np.empty((len(index), *first.shape[1:]), dtype=np.float32)
             if len(index) <= 64:  # a batch's handful of steps: copied straight in, one step at a time
                 for i, (c, t) in enumerate(zip(chunk.tolist(), (index - bounds[chunk]).tolist(), strict=True)):
                     field[i] = self._lru[(variable, c)][t]
-                out.append(field)
-                continue
-            for c in np.unique(chunk):  # a loop over chunks, each filled by one fancy index
-                sel = chunk == c
-                field[sel] = self._lru[(variable, int(c))][index[sel] - bounds[c]]
+            else:
+                for c in np.unique(chunk):  # a loop over chunks, each filled by one fancy index
+                    sel = chunk == c
+                    field[sel] = self._lru[(variable, int(c))][index[sel] - bounds[c]]
+            made[key] = field
             out.append(field)
         while len(self._lru) > max(self.capacity, len(needed)):
             self._lru.popitem(last=False)
