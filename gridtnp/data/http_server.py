@@ -1,5 +1,6 @@
 """Serve a folder over HTTP on localhost, with an optional added latency per request: a remote store to test and
-benchmark reading through fsspec (``http://127.0.0.1:PORT/store.zarr``) without a network.
+benchmark reading through fsspec (``http://127.0.0.1:PORT/store.zarr``, or a file read by byte ranges:
+``Range: bytes=a-b`` requests are answered with the piece) without a network.
 
 * ``LocalHTTPServer(folder, latency=0.05)``: a context manager; ``url(name)`` is the address of ``folder/name``,
   ``requests`` lists the paths requested (GET and HEAD) and ``most_in_flight`` the most served at once, for tests
@@ -35,9 +36,33 @@ class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         self._delay_and_log()
         try:
-            super().do_GET()
+            if self.headers.get("Range", "").startswith("bytes=") and os.path.isfile(self.translate_path(self.path)):
+                self._send_range()
+            else:
+                super().do_GET()
         finally:
             self._done()
+
+    def _send_range(self) -> None:
+        """``206 Partial Content`` for ``Range: bytes=a-b`` (a file read in pieces, as object stores serve it)."""
+        path = self.translate_path(self.path)
+        size = os.path.getsize(path)
+        first, _, last = self.headers["Range"].removeprefix("bytes=").split(",")[0].partition("-")
+        start = int(first) if first else max(size - int(last), 0)  # "-N": the last N bytes
+        end = min(int(last), size - 1) if first and last else size - 1
+        if start >= size or start > end:
+            self.send_error(416, "Requested Range Not Satisfiable")
+            return
+        with open(path, "rb") as f:
+            f.seek(start)
+            body = f.read(end - start + 1)
+        self.send_response(206)
+        self.send_header("Content-Type", self.guess_type(path))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_HEAD(self) -> None:
         self._delay_and_log()

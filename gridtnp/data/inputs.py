@@ -31,6 +31,7 @@ from gridtnp.data.layout import (
 from gridtnp.files import is_url
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
+NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".h5")
 
 
 def open_source(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> xr.Dataset:
@@ -38,6 +39,8 @@ def open_source(path: str | os.PathLike[str], storage_options: dict[str, Any] | 
     e.g. ARCO-ERA5 on ``gs://``) input, lazily, as stored."""
     name = str(path)
     if is_url(name):
+        if Path(name.split("?", 1)[0]).suffix.lower() in NETCDF_SUFFIXES:
+            return open_remote_netcdf(name, storage_options)
         return open_remote_zarr(name, storage_options)
     if not os.path.exists(name):
         raise DataError(f"{name}: no such file.")
@@ -127,6 +130,32 @@ class Selection:
         return select_part(part, picks, self.levels, self.start, self.end, self.region)
 
 
+def open_remote_netcdf(url: str, storage_options: dict[str, Any] | None = None) -> xr.Dataset:
+    """A NetCDF-4 file at a URL (``https://``, ``gs://``, ``s3://``) through fsspec and h5netcdf, lazily: only the
+    byte ranges of the chunks read are fetched."""
+    try:
+        import fsspec
+        import h5netcdf  # noqa: F401  (xarray's engine for file objects)
+        import h5py  # noqa: F401  (h5netcdf's backend, an extra of it)
+    except ImportError as err:
+        raise DataError(
+            f"{url}: reading NetCDF at a URL needs fsspec, h5netcdf and h5py: pip install gridtnp[cloud]."
+        ) from err
+    try:
+        handle = fsspec.open(url, mode="rb", **(storage_options or {})).open()
+        return xr.open_dataset(handle, engine="h5netcdf")
+    except ImportError as err:
+        protocol = url.split("://", 1)[0]
+        raise DataError(
+            f"{url}: reading it needs fsspec's {protocol} backend ({err}): pip install gridtnp[cloud]."
+        ) from err
+    except Exception as err:
+        raise DataError(
+            f"{url}: cannot be read as NetCDF-4 ({type(err).__name__}: {first_line(err)}). At a URL, prepare reads "
+            "NetCDF-4 (HDF5) files and Zarr stores; NetCDF-3 files must be downloaded first."
+        ) from err
+
+
 def open_remote_zarr(url: str, storage_options: dict[str, Any] | None = None) -> xr.Dataset:
     """A Zarr store at a URL (``gs://``, ``s3://``, ``https://``) through fsspec, lazily, with its own chunks."""
     try:
@@ -138,7 +167,7 @@ def open_remote_zarr(url: str, storage_options: dict[str, Any] | None = None) ->
     except Exception as err:
         raise DataError(
             f"{url}: cannot be opened as a Zarr store ({type(err).__name__}: {first_line(err)}). Prepare reads "
-            "local NetCDF / GRIB / Zarr inputs and Zarr stores at a URL."
+            "local NetCDF / GRIB / Zarr inputs, and Zarr stores and NetCDF-4 files (.nc) at a URL."
         ) from err
 
 

@@ -109,6 +109,23 @@ def test_prepare_over_http_equals_prepare_from_netcdf(archive: tuple[Path, Path]
     assert (stats["train_start"], stats["train_end"]) == ("2020-01-02T00:00:00", "2020-01-02T23:00:00")
 
 
+def test_netcdf_over_http_by_byte_ranges_equals_the_local_files(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    _, nc = archive
+    days = [tmp_path / f"day{d}.nc" for d in range(3)]
+    full = xr.open_dataset(nc)
+    for d, path in enumerate(days):  # daily NetCDF-4 files, as archives hand them out
+        full.isel(time=slice(24 * d, 24 * (d + 1))).to_netcdf(path, engine="netcdf4")
+    options = {"variables": ["t2m", "skt", "u850"], "train_end": "2020-01-02", "progress": False}
+    with LocalHTTPServer(tmp_path, latency=0.005) as server:
+        remote = prepare([server.url(p.name) for p in days], tmp_path / "remote.zarr", **options)
+        assert server.requests and all(r.lstrip("/").startswith("day") for r in server.requests)
+    local = prepare(days, tmp_path / "local.zarr", **options)
+    assert_same_store(remote, local)
+    with pytest.raises(DataError, match="NetCDF-4"), LocalHTTPServer(tmp_path) as server:
+        (tmp_path / "text.nc").write_text("not a NetCDF file")
+        prepare([server.url("text.nc")], tmp_path / "x.zarr", progress=False)
+
+
 def test_date_line_region_levels_and_the_command_line(archive: tuple[Path, Path], tmp_path: Path) -> None:
     zarr_store, _ = archive
     out = tmp_path / "pacific.zarr"
