@@ -1,12 +1,29 @@
-"""gridtnp: gridded transformer neural processes in PyTorch Lightning."""
+"""gridtnp: gridded transformer neural processes in PyTorch Lightning.
 
-from gridtnp import data, models, nn  # noqa: F401  (importing registers every component)
-from gridtnp.batch import Batch, Observations
-from gridtnp.models import NeuralProcess, build_model, count_parameters, create_model
-from gridtnp.module import NeuralProcessModule
+The public names are imported on first use (PEP 562), so what needs only the data tools (``gridtnp data prepare``,
+``gridtnp --help``) starts without torch and Lightning; the registry imports the modules that register components
+the first time it is asked for one (``gridtnp.registry``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from gridtnp.registry import ConfigError, available, build, register, unregister
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Batch": "gridtnp.batch",
+    "Observations": "gridtnp.batch",
+    "NeuralProcess": "gridtnp.models",
+    "build_model": "gridtnp.models",
+    "count_parameters": "gridtnp.models",
+    "create_model": "gridtnp.models",
+    "NeuralProcessModule": "gridtnp.module",
+}
+_SUBPACKAGES = {"cli", "data", "models", "nn", "training"}
 
 __all__ = [
     "Batch",
@@ -22,3 +39,17 @@ __all__ = [
     "register",
     "unregister",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"gridtnp.{name}")
+    raise AttributeError(f"module 'gridtnp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBPACKAGES})

@@ -82,9 +82,19 @@ SHARED: dict[str, dict[str, str]] = {
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 
-# Modules that register components of a kind but are too heavy to import with gridtnp (xarray, dask):
-# imported the first time that kind is looked up, so `gridtnp list datamodule` shows them too.
-_LAZY_MODULES: dict[str, list[str]] = {"datamodule": ["gridtnp.data.era5"]}
+# The modules that register components, imported the first time a kind is looked up (not with gridtnp, so that
+# the data tools start without torch): every kind loads the model stages, presets and tasks; the ERA5 DataModules
+# (xarray, dask) load with the datamodule kind, so `gridtnp list datamodule` shows them too.
+_COMPONENT_MODULES = (
+    "gridtnp.nn",
+    "gridtnp.models",
+    "gridtnp.data.gp",
+    "gridtnp.data.gp1d_multimodal",
+    "gridtnp.data.sawtooth",
+    "gridtnp.data.datamodules",
+)
+_LAZY_MODULES: dict[str, list[str]] = {kind: list(_COMPONENT_MODULES) for kind in KINDS}
+_LAZY_MODULES["datamodule"].append("gridtnp.data.era5")
 
 T = TypeVar("T", bound=Callable[..., Any])
 

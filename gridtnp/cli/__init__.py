@@ -6,7 +6,16 @@
 * ``reports``: what the commands print and log (the metric table, progress lines, filtered third-party messages).
 """
 
-from gridtnp.cli.lightning import GridTNPCLI
+from typing import Any
+
 from gridtnp.cli.main import main
 
 __all__ = ["GridTNPCLI", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GridTNPCLI":  # Lightning loads with it, not with `gridtnp data` or `gridtnp --help`
+        from gridtnp.cli.lightning import GridTNPCLI
+
+        return GridTNPCLI
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,17 +18,11 @@ import argparse
 import difflib
 import sys
 
-from gridtnp.cli.evaluate import plot_main, report_main
-from gridtnp.cli.guards import (
-    argument_error_line,
-    environment_error_line,
-    find_config_error,
-)
-from gridtnp.cli.lightning import GridTNPCLI, run_lightning
-from gridtnp.cli.reports import quiet_third_party
 from gridtnp.registry import KINDS, ConfigError, available, describe, document
 
-__all__ = ["GridTNPCLI", "main"]
+# torch and Lightning load with the subcommands that use them (gridtnp.cli.lightning, .evaluate, .guards), so
+# `gridtnp --help` and `gridtnp data prepare` start in about a second.
+__all__ = ["main"]
 
 
 def list_components(args: list[str]) -> None:
@@ -86,8 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if "--verbose" in args:
         args.remove("--verbose")
-    else:
-        quiet_third_party(args[0] if args else None)
+    elif args and args[0] not in ("data", "-h", "--help", "--version"):
+        from gridtnp.cli.reports import quiet_third_party
+
+        quiet_third_party(args[0])
     if not args or args[0] in ("-h", "--help"):
         print(usage())
         return
@@ -102,21 +98,31 @@ def main(argv: list[str] | None = None) -> None:
         if args[0] == "list":
             list_components(args[1:])
         elif args and args[0] == "plot":
+            from gridtnp.cli.evaluate import plot_main
+
             plot_main(args[1:])
         elif args and args[0] == "report":
+            from gridtnp.cli.evaluate import report_main
+
             report_main(args[1:])
         elif args and args[0] == "data":
             from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand
 
             data_main(args[1:])
         else:
+            from gridtnp.cli.lightning import run_lightning
+
             if argv is None:  # LightningCLI reads sys.argv itself (and warns if given both)
                 sys.argv = [sys.argv[0], *args]
             run_lightning(None if argv is None else args)
     except argparse.ArgumentError as err:
+        from gridtnp.cli.guards import argument_error_line
+
         print(f"gridtnp: error: {argument_error_line(err, args)}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception as err:
+        from gridtnp.cli.guards import environment_error_line, find_config_error
+
         # jsonargparse re-raises errors from a model's __init__ wrapped in its own ValueError:
         # report the ConfigError underneath (it says what to fix) instead of a traceback.
         config_error = find_config_error(err)

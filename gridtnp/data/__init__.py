@@ -1,15 +1,23 @@
-"""Synthetic task generators and LightningDataModules; importing this registers every task.
+"""Synthetic task generators and LightningDataModules.
 
-``SyntheticDataModule``, ``Task``, ``sample_path`` (the embedded data); ``StationReanalysisDataModule`` and
-``MultiSourceDataModule`` (``gridtnp.data.era5``) are imported on first access, with xarray and dask.
+``SyntheticDataModule``, ``Task``, ``sample_path`` (the embedded data), ``StationReanalysisDataModule`` and
+``MultiSourceDataModule`` (``gridtnp.data.era5``, with xarray and dask) are imported on first access, so
+``gridtnp.data.prepare`` loads without torch and Lightning. The registry imports the modules that register the
+tasks the first time it is asked for a component (``gridtnp.registry``).
 """
 
+from __future__ import annotations
+
+import importlib
 from typing import Any
 
-from gridtnp.data import gp, gp1d_multimodal, sawtooth  # noqa: F401  (importing registers the tasks)
-from gridtnp.data.datamodules import SyntheticDataModule
-from gridtnp.data.sample import sample_path
-from gridtnp.data.tasks import Task
+_LAZY = {
+    "SyntheticDataModule": "gridtnp.data.datamodules",
+    "Task": "gridtnp.data.tasks",
+    "sample_path": "gridtnp.data.sample",
+    "StationReanalysisDataModule": "gridtnp.data.era5.station_reanalysis",
+    "MultiSourceDataModule": "gridtnp.data.era5.multisource",
+}
 
 __all__ = [
     "MultiSourceDataModule",
@@ -21,13 +29,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The ERA5 DataModules need xarray, pandas and dask: imported on first use, not with gridtnp.
-    if name == "StationReanalysisDataModule":
-        from gridtnp.data.era5.station_reanalysis import StationReanalysisDataModule
-
-        return StationReanalysisDataModule
-    if name == "MultiSourceDataModule":
-        from gridtnp.data.era5.multisource import MultiSourceDataModule
-
-        return MultiSourceDataModule
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
