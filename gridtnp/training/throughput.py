@@ -153,7 +153,7 @@ class Throughput(L.Callback):
             "warmup_steps": self.warmup,
             "steps": self._steps,
             "tasks": self._tasks,
-            "seconds": round(elapsed, 2),
+            "seconds": round(elapsed, 3),
             "tasks_per_s": round(self._tasks / elapsed, 2) if elapsed > 0 else None,
             "data_wait": round(self._wait / elapsed, 4) if elapsed > 0 else None,
             "step_seconds": round(self._step_time / self._steps, 5) if self._steps else None,
