@@ -258,8 +258,8 @@ def data_main(argv: Sequence[str]) -> None:
     p = sub.add_parser(
         "prepare",
         help="NetCDF / GRIB files -> a Zarr store in gridtnp's layout, with normalisation statistics",
-        description="Convert NetCDF / GRIB / Zarr inputs (local, or a Zarr store at a URL such as ARCO-ERA5) into one "
-        "Zarr store in gridtnp's layout (latitudes ascending, "
+        description="Convert NetCDF / GRIB / Zarr inputs (local, or a Zarr store or NetCDF-4 file at a URL, such as "
+        "ARCO-ERA5) into one Zarr store in gridtnp's layout (latitudes ascending, "
         "longitudes in [-180, 180), float32, chunked for random access in time), with each variable's mean and std "
         "over the training period in the store's attributes.",
     )
@@ -267,8 +267,8 @@ def data_main(argv: Sequence[str]) -> None:
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="NetCDF (.nc), GRIB (.grib, needs cfgrib) or Zarr (.zarr) inputs, or a Zarr store's URL (gs://, "
-        "https://; e.g. ARCO-ERA5, gs:// needs pip install gridtnp[cloud])",
+        help="NetCDF (.nc), GRIB (.grib, needs cfgrib) or Zarr (.zarr) inputs, or the URL (gs://, https://) of a "
+        "Zarr store (e.g. ARCO-ERA5) or of NetCDF-4 files, read by byte ranges (pip install gridtnp[cloud])",
     )
     p.add_argument("--out", required=True, metavar="STORE.zarr", help="the Zarr store to write")
     p.add_argument(
