@@ -1,5 +1,6 @@
 """Per-layout tables of the station task's coarse context (``gridtnp.data.era5.blocks``): cached block centres,
-block sums by ``reduceat`` and the stations' block means equal what the per-task label bincounts give."""
+block sums by ``reduceat`` and the stations' block means equal what the per-task label bincounts give, and the
+training split builds them in the main process."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
+from gridtnp.batch import Batch
+from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.era5.blocks import BlockLayout, LayoutTables
+from gridtnp.data.era5.station_tasks import SplitTask
 
 
 @pytest.mark.parametrize("wrap_lon", [False, True])
@@ -39,3 +44,22 @@ def test_cached_tables_equal_the_recomputed_values_for_every_layout(wrap_lon: bo
         )
         np.testing.assert_array_equal(layout.block_of(points), layout.labels[:, points])
     assert len(tables._centres) == len(keys) and len(tables._members) == len(keys)
+
+
+def test_the_training_split_builds_its_tables_before_the_workers_start() -> None:
+    def first_batch(prebuilt: bool) -> tuple[int, Batch]:
+        dm = StationReanalysisDataModule(batch_size=4, train_batches=2)  # the embedded sample, 4 x 4 blocks
+        dm.setup("fit")
+        assert dm.task is not None and not dm.task.tables._centres
+        # split_task("train") is what train_dataloader() calls in the main process; the other builds them lazily.
+        split = dm.split_task("train") if prebuilt else SplitTask(dm.task, dm.splits["train"])
+        built = len(dm.task.tables._centres)
+        return built, split.sample(4, torch.Generator().manual_seed(3))
+
+    built, eager = first_batch(prebuilt=True)
+    none, lazy = first_batch(prebuilt=False)
+    assert built == 16 and none == 0  # every offset of the 4 x 4 blocks, before any batch is drawn
+    for name in ("grid", "stations"):
+        np.testing.assert_array_equal(eager.context[name].x.numpy(), lazy.context[name].x.numpy())
+        np.testing.assert_array_equal(eager.context[name].y.numpy(), lazy.context[name].y.numpy())
+    np.testing.assert_array_equal(eager.target.y.numpy(), lazy.target.y.numpy())

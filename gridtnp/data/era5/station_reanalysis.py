@@ -473,4 +473,6 @@ class StationReanalysisDataModule(StoreDataModule):
         """The task generator of split ``name``, reading only that split's hours."""
         self.setup()
         assert self.task is not None
+        if name == "train":  # here, in the main process: DataLoader workers inherit the tables instead of each
+            self.task.build_tables("train")  # building them in its first batches
         return SplitTask(self.task, self.splits[name])

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,6 +74,25 @@ class StationReanalysisTask:
         self.random_points, self.num_targets = random_points, num_targets
         if climatology is not None and hour_index is None:
             raise ValueError("StationReanalysisTask: a climatology needs the hour of day of every time (hour_index).")
+
+    def build_tables(self, split: str, most: int = 64) -> int:
+        """Build the layout tables (block centres; the stations' block members) of every layout ``split`` draws,
+        when there are at most ``most`` of them (each holds about 2.5 MB at global 0.25 degree with 9,159
+        stations); returns how many were built. Built before DataLoader workers start, they are shared by all of
+        them (copy-on-write after the fork, or pickled with the task)."""
+        factors, offset = self.layouts.get(split, self.layouts["train"])
+        keys = [
+            (int(f), int(a), int(b))
+            for f in dict.fromkeys(factors)
+            for a, b in ([tuple(offset)] if offset is not None else itertools.product(range(int(f)), repeat=2))
+        ]
+        if len(keys) > most:
+            return 0
+        for key in keys:
+            self.tables.layout_centres(key)
+            if not self.random_points:
+                self.tables.members(key)
+        return len(keys)
 
     @property
     def num_stations(self) -> int:
