@@ -27,6 +27,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -249,6 +250,13 @@ def scale_main(args: argparse.Namespace) -> None:
     common = {"batch_size": 16, "train_batches": args.batches, "cache_chunks": 2, **dates}
     station = {"stations": None, "unique_grid_points": True, "station_variable": "t2m", "grid_variables": ["skt"],
                "coarsen": 4, "context_fraction": (0.0, 0.3), "targets": "held_out"}  # fmt: skip
+    if args.side_by_side:  # what the cores give: one loader, two workers, two independent loaders at once
+        make = lambda w: StationReanalysisDataModule(  # noqa: E731
+            store=str(store), num_workers=w, climatology=False, **station, **common
+        )
+        rows += cores_rows(make, args.batches, args.repeat)
+        write_scale_table(args, rows)
+        return
     with LocalHTTPServer(store.parent, latency=args.latency) as server:
         sources = {"local": str(store), f"HTTP +{1000 * args.latency:.0f} ms": server.url(store.name)}
         for where, path in sources.items():
@@ -284,6 +292,49 @@ def scale_main(args: argparse.Namespace) -> None:
                             "notes": f"batch {runs[0]['batch']}, {args.batches - 1} batches timed{spread}",
                         }
                     )
+    write_scale_table(args, rows)
+
+
+def cores_rows(make, batches: int, repeat: int) -> list[dict[str, str]]:
+    """The station task with 0 and 2 workers beside two 0-worker loaders run at once in two processes: whether
+    two workers fall short of twice one process because of the loader or because two busy cores are each slower."""
+    import multiprocessing as mp
+
+    def alone(queue: Any) -> None:
+        queue.put(loader_rate(make, 0, batches)["tasks_per_s"])
+
+    context = mp.get_context("fork")
+    rows = []
+    for name, measure in (
+        ("one process (0 workers)", lambda: loader_rate(make, 0, batches)["tasks_per_s"]),
+        ("2 DataLoader workers", lambda: loader_rate(make, 2, batches)["tasks_per_s"]),
+    ):
+        rates = sorted(measure() for _ in range(repeat))
+        rows.append(_cores_row(name, rates))
+        print(rows[-1], flush=True)
+    totals = []
+    for _ in range(repeat):
+        queue = context.Queue()
+        procs = [context.Process(target=alone, args=(queue,)) for _ in range(2)]
+        for proc in procs:
+            proc.start()
+        totals.append(sum(queue.get() for _ in procs))
+        for proc in procs:
+            proc.join()
+    rows.append(_cores_row("two 0-worker loaders in two processes at once (the sum)", sorted(totals)))
+    print(rows[-1], flush=True)
+    return rows
+
+
+def _cores_row(name: str, rates: list[float]) -> dict[str, str]:
+    median = float(np.median(rates))
+    notes = f"median of {len(rates)} runs, {rates[0]:.1f} to {rates[-1]:.1f} tasks/s"
+    return {"case": f"local: station task, {name}", "workers": "-", "tasks/s (wall)": f"{median:.1f}",
+            "tasks/s per CPU s": "-", "notes": notes}  # fmt: skip
+
+
+def write_scale_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """The ``--scale`` table (Markdown and CSV) with the run's record."""
     meta = {
         "torch": torch.__version__,
         "commit": git_commit(),
@@ -316,6 +367,11 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.05, help="--scale: added latency of the HTTP store (0.05 s)")
     p.add_argument("--skip-prepare", action="store_true", help="--scale: reuse the prepared store if present")
     p.add_argument("--repeat", type=int, default=1, help="--scale: loader runs per case, the median reported (1)")
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="--scale: only the local station task, 0 and 2 workers beside two loaders in two processes at once",
+    )
     args = p.parse_args()
     if args.scale:
         args.store_dir.mkdir(parents=True, exist_ok=True)
