@@ -251,10 +251,7 @@ def scale_main(args: argparse.Namespace) -> None:
     station = {"stations": None, "unique_grid_points": True, "station_variable": "t2m", "grid_variables": ["skt"],
                "coarsen": 4, "context_fraction": (0.0, 0.3), "targets": "held_out"}  # fmt: skip
     if args.side_by_side:  # what the cores give: one loader, two workers, two independent loaders at once
-        make = lambda w: StationReanalysisDataModule(  # noqa: E731
-            store=str(store), num_workers=w, climatology=False, **station, **common
-        )
-        rows += cores_rows(make, args.batches, args.repeat)
+        rows += cores_rows(str(store), station, common, args.batches, args.repeat)
         write_scale_table(args, rows)
         return
     with LocalHTTPServer(store.parent, latency=args.latency) as server:
@@ -295,32 +292,30 @@ def scale_main(args: argparse.Namespace) -> None:
     write_scale_table(args, rows)
 
 
-def cores_rows(make, batches: int, repeat: int) -> list[dict[str, str]]:
+def _station_rate(store: str, station: dict[str, Any], common: dict[str, Any], workers: int, batches: int) -> float:
+    """Tasks per second of the station task's training loader on ``store`` (a fresh DataModule)."""
+    make = lambda w: StationReanalysisDataModule(store=store, num_workers=w, climatology=False, **station, **common)  # noqa: E731
+    return loader_rate(make, workers, batches)["tasks_per_s"]
+
+
+def cores_rows(
+    store: str, station: dict[str, Any], common: dict[str, Any], batches: int, repeat: int
+) -> list[dict[str, str]]:
     """The station task with 0 and 2 workers beside two 0-worker loaders run at once in two processes: whether
     two workers fall short of twice one process because of the loader or because two busy cores are each slower."""
-    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
 
-    def alone(queue: Any) -> None:
-        queue.put(loader_rate(make, 0, batches)["tasks_per_s"])
-
-    context = mp.get_context("fork")
     rows = []
-    for name, measure in (
-        ("one process (0 workers)", lambda: loader_rate(make, 0, batches)["tasks_per_s"]),
-        ("2 DataLoader workers", lambda: loader_rate(make, 2, batches)["tasks_per_s"]),
-    ):
-        rates = sorted(measure() for _ in range(repeat))
+    for name, workers in (("one process (0 workers)", 0), ("2 DataLoader workers", 2)):
+        rates = sorted(_station_rate(store, station, common, workers, batches) for _ in range(repeat))
         rows.append(_cores_row(name, rates))
         print(rows[-1], flush=True)
     totals = []
-    for _ in range(repeat):
-        queue = context.Queue()
-        procs = [context.Process(target=alone, args=(queue,)) for _ in range(2)]
-        for proc in procs:
-            proc.start()
-        totals.append(sum(queue.get() for _ in procs))
-        for proc in procs:
-            proc.join()
+    for _ in range(repeat):  # fresh interpreters (spawn): a fork would inherit this process's store threads
+        with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+            runs = [pool.submit(_station_rate, store, station, common, 0, batches) for _ in range(2)]
+            totals.append(sum(run.result() for run in runs))
     rows.append(_cores_row("two 0-worker loaders in two processes at once (the sum)", sorted(totals)))
     print(rows[-1], flush=True)
     return rows
