@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness import command_line, device_name, git_commit, write_table  # noqa: E402
+from harness import command_line, device_name, git_commit, repo_env, write_table  # noqa: E402
 
 from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
 from gridtnp.data.inputs import auto_time_chunk  # noqa: E402
@@ -164,8 +164,7 @@ def timed_prepare(files: list[Path], out: Path, train_end: str) -> dict[str, flo
             "--train-end", train_end, "--climatology"]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep what is importable now
-    proc = subprocess.run(args, check=True, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True)
+    proc = subprocess.run(args, check=True, env=repo_env(), capture_output=True, text=True)
     wall = time.perf_counter() - start
     print(proc.stdout)
     rates = [line for line in proc.stdout.splitlines() if "MB/s" in line]  # the writer's own rate, start-up excluded

@@ -35,13 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from data_loading import daily_files, loader_rate, timed_prepare  # noqa: E402
-from harness import command_line, device_name, git_commit, write_table  # noqa: E402
+from harness import command_line, device_name, git_commit, repo_env, write_table  # noqa: E402
 from train_budget import instantiate  # noqa: E402
-
-
-def with_root() -> dict[str, str]:
-    """The environment with the repository first on ``PYTHONPATH`` (packages already there stay importable)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def set_path(config: dict[str, Any], dotted: str, value: Any) -> None:
@@ -91,7 +86,7 @@ def fit(config: dict[str, Any], run: Path, minutes: float, precision: str) -> di
                "--trainer.default_root_dir", str(run), "--checkpoint.dirpath", str(run / "checkpoints")]  # fmt: skip
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
-    subprocess.run(command, check=True, env=with_root())
+    subprocess.run(command, check=True, env=repo_env())
     return {**json.loads(summary.read_text()), "fit_wall_s": round(time.perf_counter() - start, 1)}
 
 
@@ -101,7 +96,7 @@ def test(run: Path, precision: str) -> dict[str, float]:
                "--trainer.precision", precision, "--trainer.default_root_dir", str(run),
                "--checkpoint.dirpath", str(run / "checkpoints"), "--ckpt_path", "best"]  # fmt: skip
     print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True, env=with_root())
+    subprocess.run(command, check=True, env=repo_env())
     (newest,) = sorted(run.rglob("*test_metrics*.json"), key=lambda p: p.stat().st_mtime)[-1:]
     return json.loads(newest.read_text())["metrics"]
 
@@ -123,6 +118,9 @@ def main() -> None:
     args = p.parse_args()
     commit = git_commit()
     config = yaml.safe_load(args.recipe.read_text())
+    bad = [item for item in args.set if "=" not in item or not item.split("=", 1)[0]]
+    if bad:
+        p.error(f"--set {bad[0]!r}: expected KEY=YAML with a dotted recipe key, e.g. trainer.val_check_interval=500")
     overrides = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
     rows: list[dict[str, Any]] = []
     meta = {

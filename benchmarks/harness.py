@@ -210,6 +210,12 @@ def maybe_compile(module: torch.nn.Module, enabled: bool) -> Callable[..., Any]:
 # ------------------------------------------------------------------------------------------------------ reporting
 
 
+def repo_env() -> dict[str, str]:
+    """This environment with the repository first on ``PYTHONPATH``, for a subprocess that runs gridtnp's code
+    (what is importable now stays importable there)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def git_commit() -> str:
     """Short commit hash, with ``+dirty`` for uncommitted changes to tracked files; or why there is none."""
     try:
