@@ -143,7 +143,8 @@ class InterpolationResidual(nn.Module):
             a valley station on the cold side, as a per-station regression on the surrounding blocks (MOS) does,
             with coefficients the network computes for each place and hour.
         dim_x: input dimension Dx (sizes ``adaptive``'s map).
-        spread: a listed source (with at least one other listed) whose points measure the day's sub-grid spread:
+        spread: a context source (listed or not, with at least one other listed) whose points measure the day's
+            sub-grid spread:
             the predictive std is multiplied by ``(nu / nu_0)^alpha``, with ``nu^2 = (sum_j d_j^2 + c nu_0^2) /
             (n + c)`` over the source's ``n`` valid points in the task, ``d_j`` their departures from the
             interpolation of the other listed sources at their own locations, ``c = SPREAD_PRIOR_POINTS`` prior
@@ -160,8 +161,8 @@ class InterpolationResidual(nn.Module):
             interpolation's (a wider one lets the farther neighbours shape the gradients and curvatures), and
             ``a_s`` the source's weight share (so an observed station's own value is left as it is). The
             coefficients ``c(x)`` are a ``LearnedGridEmbedding`` on ``grid`` (zero at initialisation, learning rate
-            times ``lr_scale``): they depend on the place only, never on the day's inputs. ``degree`` (1 to 3,
-            default 2) is that of ``phi``; ``position`` (0 to 3, default 0) makes every coefficient a polynomial of
+            times ``lr_scale``): they depend on the place only, never on the day's inputs. ``degree`` (1 to 4,
+            default 2) is that of ``phi``; ``position`` (0 to 4, default 0) makes every coefficient a polynomial of
             that degree in the target's offset ``u`` from the source's nearest point, ``c_sp(x, u) = sum_q c_spq(x)
             psi_q(u)`` with ``psi = [1, shape_basis(u)]``: for a coarse field of block averages, where the target
             sits in its block, which decides which neighbouring blocks share its sub-grid features, so one table
@@ -218,10 +219,13 @@ class InterpolationResidual(nn.Module):
         if not isinstance(adaptive, bool):
             raise ValueError(f"{WHERE}: adaptive must be true or false; got {adaptive!r}.")
         self.adaptive = adaptive
-        if spread is not None and (spread not in sources or len(sources) < 2):
+        if spread is not None and (
+            spread not in source_dims or source_dims[spread] < dim_y or not [s for s in sources if s != spread]
+        ):
             raise ValueError(
-                f"{WHERE}: spread must name one of the interpolated sources {sources}, and another must be listed "
-                f"to measure its departures against; got {spread!r}."
+                f"{WHERE}: spread must name a context source {sorted(source_dims)} with the targets' variables, and "
+                f"another source must be listed in sources ({sources}) to measure its departures against; got "
+                f"{spread!r}."
             )
         self.spread = spread
         self.spread_power = number(spread_power, "spread_power", positive=False)
@@ -259,8 +263,8 @@ class InterpolationResidual(nn.Module):
         out = {"sources": self.sources[:1], "lr_scale": 30.0, "degree": 2, "position": 0, **spec}
         for key, low in (("degree", 1), ("position", 0)):
             value = out[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 3:
-                raise ValueError(f"{WHERE}: regression.{key} must be an integer from {low} to 3; got {value!r}.")
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 4:
+                raise ValueError(f"{WHERE}: regression.{key} must be an integer from {low} to 4; got {value!r}.")
         out["sources"] = [out["sources"]] if isinstance(out["sources"], str) else list(out["sources"])
         if not out["sources"] or set(out["sources"]) - set(self.sources):
             raise ValueError(

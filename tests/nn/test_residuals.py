@@ -311,9 +311,13 @@ def test_spread_model_scales_only_the_std_and_round_trips():
     ratio = after.stddev / before.stddev
     torch.testing.assert_close(ratio, ratio[:, :1].expand_as(ratio))  # one factor per task
     assert not torch.allclose(ratio, torch.ones_like(ratio))
+    _, unlisted = residual_model({"sources": ["grid"], "k": 3, "spread": "stations"})  # measured, not interpolated
+    with torch.no_grad():
+        unlisted.residual.spread_scale[1] = 1.0
+    assert unlisted({"grid": grid, "stations": stations}, xt).stddev.isfinite().all()
     for bad, match in (
-        ({"sources": ["grid"], "spread": "stations"}, "spread must name one of the interpolated sources"),
-        ({"sources": ["grid", "stations"], "spread": "coarse"}, "spread must name"),
+        ({"sources": ["stations"], "spread": "stations"}, "another source must be listed in sources"),
+        ({"sources": ["grid", "stations"], "spread": "coarse"}, r"spread must name a context source \['grid'"),
     ):
         with pytest.raises(ConfigError, match=match):
             residual_model(bad)
@@ -354,12 +358,14 @@ def test_shape_basis_lists_offsets_squares_and_products():
     assert shape_basis(torch.ones(4, 3)).shape == (4, 9)  # 3 offsets, 3 squares, 3 products
 
 
-def test_shape_basis_degrees_one_and_three():
+def test_shape_basis_degrees_one_three_and_four():
     o = torch.tensor([[2.0, 3.0]])
     torch.testing.assert_close(shape_basis(o, 1), o)
     cubic = torch.tensor([[2.0, 3.0, 4.0, 9.0, 6.0, 8.0, 12.0, 18.0, 27.0]])  # ..., x^3, x^2 y, x y^2, y^3
     torch.testing.assert_close(shape_basis(o, 3), cubic)
-    for dx, degree in ((2, 1), (2, 2), (2, 3), (3, 2), (3, 3)):
+    quartic = torch.tensor([[16.0, 24.0, 36.0, 54.0, 81.0]])  # x^4, x^3 y, x^2 y^2, x y^3, y^4
+    torch.testing.assert_close(shape_basis(o, 4), torch.cat([cubic, quartic], -1))
+    for dx, degree in ((2, 1), (2, 2), (2, 3), (2, 4), (3, 2), (3, 3)):
         assert shape_basis(torch.ones(1, dx), degree).shape[-1] == basis_size(dx, degree)
 
 
@@ -428,7 +434,7 @@ def test_regression_position_makes_the_coefficients_polynomials_of_the_offset_to
     psi = torch.cat([torch.ones(1), -o[0]])  # the nearest point comes first
     expected = plain(context, xt)[0] + share * (row.view(3, 3) * g[:, None] * psi[None]).sum()
     torch.testing.assert_close(mean, expected)
-    for key, bad in (("degree", 0), ("degree", 4), ("degree", True), ("position", -1), ("position", 1.5)):
+    for key, bad in (("degree", 0), ("degree", 5), ("degree", True), ("position", -1), ("position", 1.5)):
         with pytest.raises(ValueError, match=f"regression.{key} must be an integer"):
             InterpolationResidual(["coarse"], 1, {"coarse": 1}, regression={"grid": LATTICE, key: bad})
 
