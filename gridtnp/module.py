@@ -85,6 +85,9 @@ class NeuralProcessModule(L.LightningModule):
         residual: ``{name: interpolation, sources: [...], k: 4}``: predict the departure from a kernel-weighted mean of
             the nearest context values of those sources (``gridtnp.nn.residuals``; also ``weight``, ``adaptive``,
             ``departures``, ``spread``, ``regression``); null (default) predicts y itself.
+        kriging: ``{name: gp, source: stations, grid: {...}}``: condition the predictive on that source's departures
+            from it by a closed-form GP layer with a learned correlation (``gridtnp.nn.kriging``); null (default)
+            leaves it as the network gives it.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.
@@ -115,6 +118,7 @@ class NeuralProcessModule(L.LightningModule):
         target_dim_y: int | None = None,
         grid: dict[str, Any] | None = None,
         residual: dict[str, Any] | None = None,
+        kriging: dict[str, Any] | None = None,
         lr: float = 5e-4,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
@@ -140,6 +144,7 @@ class NeuralProcessModule(L.LightningModule):
             "target_dim_y": target_dim_y,
             "grid": grid,
             "residual": residual,
+            "kriging": kriging,
         }
         if not (math.isfinite(lr) and lr > 0):
             raise ConfigError(f"model lr must be a finite number > 0; got {lr}.")

@@ -33,6 +33,7 @@ KINDS: dict[str, str] = {
     "grid_decoder": "pseudo-token states + target locations -> target tokens",
     "likelihood": "target tokens -> predictive distribution (a torch Normal: metrics and residuals read mean, std)",
     "residual": "optional: the predictive mean as an interpolation of context values plus the network's residual",
+    "kriging": "optional: the predictive conditioned on one source's departures by a closed-form GP layer",
     "embedding": "input-location embedding used by point-wise encoders",
     "model": "named presets: a whole five-slot model specification",
     "task": "synthetic task generators for SyntheticDataModule",
@@ -70,6 +71,11 @@ SHARED: dict[str, dict[str, str]] = {
     "likelihood": {"dim": "token width D (the model's dim)", "dim_y": "output dimension Dy of the targets"},
     "residual": {
         "dim": "token width D (the model's dim)",
+        "dim_x": "input dimension Dx (the model's dim_x)",
+        "dim_y": "output dimension Dy of the targets",
+        "source_dims": "{source: Dy} of the model's context sources",
+    },
+    "kriging": {
         "dim_x": "input dimension Dx (the model's dim_x)",
         "dim_y": "output dimension Dy of the targets",
         "source_dims": "{source: Dy} of the model's context sources",

@@ -26,13 +26,14 @@ from torch.distributions import Distribution, Normal
 
 from gridtnp.batch import DEFAULT_SOURCE, Observations
 from gridtnp.nn.grids import Grid, as_grid
+from gridtnp.nn.kriging import Conditioned, ResidualKriging
 from gridtnp.nn.residuals import Residual, shift_mean
 from gridtnp.nn.tokens import Tokens
 from gridtnp.registry import ConfigError, accepted_arguments, get, spec_arguments, with_defaults
 from gridtnp.registry import build as build_component
 
 SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
-MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid", "residual")
+MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid", "residual", "kriging")
 
 
 #: Target points (summed over tasks) decoded in one pass when predicting (``forward_chunked``).
@@ -53,6 +54,7 @@ class NeuralProcess(nn.Module):
         target_source: str,
         grid: Grid | None = None,
         residual: Residual | None = None,
+        kriging: ResidualKriging | None = None,
     ) -> None:
         super().__init__()
         self.encoders = encoders
@@ -64,23 +66,40 @@ class NeuralProcess(nn.Module):
         self.target_source = target_source
         self.grid = grid
         self.residual = residual
+        self.kriging = kriging
 
     def forward(self, context: dict[str, Observations], xt: Tensor) -> Distribution:
         """Predictive distribution at ``xt [B, Nt, Dx]`` given ``context`` (padded, masked sets)."""
         self._check_inputs(context, xt)
-        return self._decode(*self._encode(context), xt)
+        encoded = self._encode(context)
+        if self.kriging is None:
+            return self._decode(*encoded, xt)
+        if getattr(self.grid_decoder, "targets_interact", False):  # the context points must not join the targets
+            return self._predict(encoded, self._condition(encoded), xt)
+        # One decoder pass over the targets and the kriged source's context points (each point is decoded on its
+        # own, so this equals two passes), then the GP layer.
+        xc, yc, valid = encoded[1][self.kriging.source]
+        dist = self._decode(*encoded, torch.cat([xt, xc.to(xt.dtype)], 1))
+        if not isinstance(dist, Normal):
+            raise TypeError(f"kriging needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
+        n = xt.shape[1]
+        mean, std = dist.mean, dist.stddev
+        conditioned = self.kriging.condition(xc, yc, valid, Normal(mean[:, n:], std[:, n:]))
+        xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
+        return self.kriging(conditioned, xt, Normal(mean[:, :n], std[:, :n]))
 
     def forward_chunked(self, context: dict[str, Observations], xt: Tensor, chunk: int) -> Distribution:
         """``forward`` with the targets ``xt [B, Nt, Dx]`` decoded ``chunk`` at a time: the context is encoded and
         processed once, and memory grows with ``chunk`` rather than ``Nt`` (targets are conditionally independent
         given the context, so the result equals ``forward``'s). Needs a Gaussian predictive."""
         self._check_inputs(context, xt)
-        if xt.shape[1] <= chunk:
-            return self._decode(*self._encode(context), xt)
         encoded = self._encode(context)
+        conditioned = self._condition(encoded)
+        if xt.shape[1] <= chunk:
+            return self._predict(encoded, conditioned, xt)
         means, stds = [], []
         for start in range(0, xt.shape[1], chunk):
-            dist = self._decode(*encoded, xt[:, start : start + chunk])
+            dist = self._predict(encoded, conditioned, xt[:, start : start + chunk])
             if not isinstance(dist, Normal):
                 raise TypeError(f"forward_chunked needs a Gaussian predictive; got {type(dist).__name__}.")
             means.append(dist.mean)
@@ -101,8 +120,24 @@ class NeuralProcess(nn.Module):
         latent = self.grid_encoder(tokens)
         return tokens, observed, self.processor(latent)
 
+    def _condition(self, encoded: tuple[Any, Any, Any]) -> Conditioned | None:
+        """With ``kriging``: the network's predictive at the kriged source's context points, factored once."""
+        if self.kriging is None:
+            return None
+        xc, yc, valid = encoded[1][self.kriging.source]
+        return self.kriging.condition(xc, yc, valid, self._decode(*encoded, xc))
+
+    def _predict(self, encoded: tuple[Any, Any, Any], conditioned: Conditioned | None, xt: Tensor) -> Distribution:
+        """The predictive at ``xt [B, Nt, Dx]``: the network's, kriged when the model has ``kriging``."""
+        dist = self._decode(*encoded, xt)
+        if conditioned is None:
+            return dist
+        if not isinstance(dist, Normal):
+            raise TypeError(f"kriging needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
+        return self.kriging(conditioned, torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0), dist)
+
     def _decode(self, tokens: Any, observed: Any, states: Any, xt: Tensor) -> Distribution:
-        """The predictive at ``xt [B, Nt, Dx]`` from ``_encode``'s outputs."""
+        """The network's predictive at ``xt [B, Nt, Dx]`` from ``_encode``'s outputs."""
         # Padded target slots may hold anything; real targets with a non-finite location are refused where batches
         # are made (gridtnp.batch.Batch), without a device sync here.
         xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
@@ -298,8 +333,13 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         residual, expanded["residual"] = build(
             "residual", spec["residual"], dim=dim, dim_x=dim_x, dim_y=target_dim_y, source_dims=sources
         )
+    kriging = None
+    if spec.get("kriging") is not None:  # optional: the predictive conditioned on one source's departures
+        kriging, expanded["kriging"] = build(
+            "kriging", spec["kriging"], dim_x=dim_x, dim_y=target_dim_y, source_dims=sources
+        )
     model = NeuralProcess(
-        encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual
+        encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual, kriging
     )
     return model, expanded
 

@@ -1,7 +1,8 @@
 """Pipeline components, one module (or package) per stage, in the order data flows through them:
 
 ``embeddings`` -> ``encoders`` -> ``grid_encoders`` -> ``processors`` -> ``grid_decoders`` -> ``likelihoods``
-(and, optionally, ``residuals``: the mean as a context interpolation plus what the network predicts).
+(and, optionally, ``residuals``: the mean as a context interpolation plus what the network predicts, and
+``kriging``: the predictive conditioned on one source's departures by a closed-form GP layer).
 Layers they share: ``attention`` (plain and translation-equivariant attention, the pre-norm blocks), ``grids``
 (coordinates, index arithmetic, kernels), ``chunking`` (bounded-memory pairwise work) and ``tokens`` (the
 containers passed between stages). Model families (TE-TNPs, MSA/TFS, ...) are presets over these stages
@@ -13,6 +14,7 @@ from gridtnp.nn import (  # noqa: F401  (importing registers every component)
     encoders,
     grid_decoders,
     grid_encoders,
+    kriging,
     likelihoods,
     processors,
     residuals,

@@ -17,11 +17,11 @@ line to add. What is checked, per kind:
 * likelihood: a ``Distribution`` with mean and stddev ``[B, Nt, Dy]``, stddev > 0, finite log-densities; point-wise.
 * embedding: ``[B, N, out_dim]``, finite; point-wise.
 * every stage: a gradient reaches every parameter.
-* whole models (every case, and a model with each ``residual``): a finite predictive with stddev > 0; padded context
-  points (NaN, masked out) and the order of the context change no prediction; the tasks of a batch do not interact,
-  and a task without any context point gets a finite prediction and finite gradients; a target's prediction does not
-  depend on the other targets, padded ones included (unless the decoder's targets interact); a gradient reaches
-  every parameter.
+* whole models (every case, and a model with each ``residual`` and ``kriging``): a finite predictive with stddev > 0;
+  padded context points (NaN, masked out) and the order of the context change no prediction; the tasks of a batch do
+  not interact, and a task without any context point gets a finite prediction and finite gradients; a target's
+  prediction does not depend on the other targets, padded ones included (unless the decoder's targets interact); a
+  gradient reaches every parameter.
 """
 
 from __future__ import annotations
@@ -414,13 +414,17 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
             )
         ],
     },
+    "kriging": {
+        "gp": [model(SET, dim_x=2, **TWINS, kriging={"name": "gp", "source": "b", "grid": GRID_2D, "rank": 4})],
+    },
 }
 
 STAGES = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
-EXTRA_KINDS = ("embedding", "residual")  # checked where the registry has them
+EXTRA_KINDS = ("embedding", "residual", "kriging")  # checked where the registry has them
 EXAMPLES = {  # what a case of each kind looks like, for the message that asks for one
     "embedding": 'model(SET, encoder={"name": "mlp", "embed": {"name": NAME, ...}})',
     "residual": 'model(SET, dim_x=2, **TWINS, residual={"name": NAME, "sources": ["a", "b"], ...})',
+    "kriging": 'model(SET, dim_x=2, **TWINS, kriging={"name": NAME, "source": "b", ...})',
 }
 
 
