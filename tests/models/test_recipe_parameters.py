@@ -34,8 +34,9 @@ RECIPE_PARAMETERS = {
     "era5_mos_kriging.yaml": 17790,  # + the GP's lengthscale, output scale and noise
     "era5_multisource_swin.yaml": 549762,
     "era5_pt_tnp.yaml": 643458,
-    "era5_swin.yaml": 712969,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (4 + 192 + 260 + 2 +
-    # regression: 33 x 49 x 60 coefficients, 10 shape terms up to cubic x 6 position monomials, and 1 lengthscale)
+    "era5_swin.yaml": 738779,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (2 + 128 + 260 + 2 +
+    # regression: 33 x 49 x 60 coefficients, 10 shape terms up to cubic x 6 position monomials, and 1 lengthscale),
+    # kriging (33 x 49 x 16 place features and 4 scales)
     "era5_swin_global.yaml": 2267010,
     "era5_vit.yaml": 344578,
     "era5_wind_swin.yaml": 2232196,
