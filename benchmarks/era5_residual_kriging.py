@@ -28,12 +28,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import xarray as xr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from era5_mos_baseline import SPLITS, load
 from era5_mos_layouts import FACTOR, regressors, ridge
-from harness import git_commit
+from harness import git_commit, run_record
 
 from gridtnp.data.layout import normalise
 from gridtnp.data.sample import ERA5_SAMPLE, sample_path
@@ -125,11 +126,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['correlation']} | {r['chosen']} | {r['val']:.3f} | {r['test']:.3f} |")
     if args.json:
-        record = {
-            "command": "python " + " ".join(["benchmarks/era5_residual_kriging.py", *sys.argv[1:]]),
-            "commit": git_commit(),
-            "rows": rows,
-        }
+        record = {**run_record(torch.device("cpu")), "rows": rows}
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 
