@@ -64,7 +64,8 @@ class ResidualKriging(nn.Module):
         short_range: initial ``a^2``, the short-range part's share at initialisation against ``phi``'s ``init_std^2``.
         init_std: initial std of ``phi``'s entries.
         nugget: initial ``nu``, the share of a context point's variance that is noise; learned, above ``jitter``.
-        jitter: floor of ``nu``, which keeps the Cholesky factor of ``C + nu I`` finite.
+        jitter: floor of ``nu``, which keeps ``C + nu I`` positive definite in float32 (raise it for thousands of
+            context points with near-duplicate locations; the error says so).
     """
 
     def __init__(
@@ -145,7 +146,13 @@ class ResidualKriging(nn.Module):
             pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
             eye = torch.eye(xc.shape[1], dtype=corr.dtype, device=corr.device)
             a = torch.where(pair, corr, eye) + self.nugget * eye
-            cholesky = torch.linalg.cholesky(a)
+            cholesky, info = torch.linalg.cholesky_ex(a)
+            if bool((info > 0).any()):  # one sync, as torch.linalg.cholesky's own check
+                raise ValueError(
+                    f"{WHERE}: the context correlation C + nu I is not positive definite in {dtype} for "
+                    f"{int((info > 0).sum())} task(s) (near-duplicate context points?); raise jitter (now "
+                    f"{self.jitter})."
+                )
             r = (yc[..., : self.dim_y].to(dtype) - context.mean.to(dtype)) / context.stddev.to(dtype)
             r = torch.where(valid.unsqueeze(-1), r, 0.0)
             weights = torch.cholesky_solve(r, cholesky)

@@ -141,3 +141,11 @@ def test_errors_name_what_is_allowed():
         build_model({**model_spec(), "kriging": {"name": "gp", "source": "stations", "grid": GRID, "nugget": 0.0}})
     with pytest.raises(ConfigError, match=r"Unknown kriging 'krig'.*gp"):
         build_model({**model_spec(), "kriging": {"name": "krig", "source": "stations", "grid": GRID}})
+
+
+def test_a_correlation_that_is_not_positive_definite_names_jitter():
+    layer = kriging(nugget=2e-9, jitter=1e-9).float()
+    xc = torch.zeros(1, 40, 2)  # forty copies of one point: C is all ones, rank one
+    context = Normal(torch.zeros(1, 40, 1), torch.ones(1, 40, 1))
+    with pytest.raises(ValueError, match="raise jitter"):
+        layer.condition(xc, torch.randn(1, 40, 1), torch.ones(1, 40, dtype=torch.bool), context)
