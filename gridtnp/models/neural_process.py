@@ -72,21 +72,15 @@ class NeuralProcess(nn.Module):
         """Predictive distribution at ``xt [B, Nt, Dx]`` given ``context`` (padded, masked sets)."""
         self._check_inputs(context, xt)
         encoded = self._encode(context)
-        if self.kriging is None:
-            return self._decode(*encoded, xt)
-        if getattr(self.grid_decoder, "targets_interact", False):  # the context points must not join the targets
-            return self._predict(encoded, self._condition(encoded), xt)
+        if self.kriging is None or getattr(self.grid_decoder, "targets_interact", False):
+            return self._predict(encoded, self._condition(encoded), xt)  # the context points must not join targets
         # One decoder pass over the targets and the kriged source's context points (each point is decoded on its
         # own, so this equals two passes), then the GP layer.
-        xc, yc, valid = encoded[1][self.kriging.source]
-        dist = self._decode(*encoded, torch.cat([xt, xc.to(xt.dtype)], 1))
-        if not isinstance(dist, Normal):
-            raise TypeError(f"kriging needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
+        xc = self._kriged_points(encoded)[0]
+        dist = gaussian(self._decode(*encoded, torch.cat([xt, xc.to(xt.dtype)], 1)), "kriging")
         n = xt.shape[1]
-        mean, std = dist.mean, dist.stddev
-        conditioned = self.kriging.condition(xc, yc, valid, Normal(mean[:, n:], std[:, n:]))
-        xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
-        return self.kriging(conditioned, xt, Normal(mean[:, :n], std[:, :n]))
+        conditioned = self._condition(encoded, Normal(dist.mean[:, n:], dist.stddev[:, n:]))
+        return self._predict(encoded, conditioned, xt, Normal(dist.mean[:, :n], dist.stddev[:, :n]))
 
     def forward_chunked(self, context: dict[str, Observations], xt: Tensor, chunk: int) -> Distribution:
         """``forward`` with the targets ``xt [B, Nt, Dx]`` decoded ``chunk`` at a time: the context is encoded and
@@ -99,9 +93,7 @@ class NeuralProcess(nn.Module):
             return self._predict(encoded, conditioned, xt)
         means, stds = [], []
         for start in range(0, xt.shape[1], chunk):
-            dist = self._predict(encoded, conditioned, xt[:, start : start + chunk])
-            if not isinstance(dist, Normal):
-                raise TypeError(f"forward_chunked needs a Gaussian predictive; got {type(dist).__name__}.")
+            dist = gaussian(self._predict(encoded, conditioned, xt[:, start : start + chunk]), "forward_chunked")
             means.append(dist.mean)
             stds.append(dist.stddev)
         return Normal(torch.cat(means, 1), torch.cat(stds, 1))
@@ -120,21 +112,37 @@ class NeuralProcess(nn.Module):
         latent = self.grid_encoder(tokens)
         return tokens, observed, self.processor(latent)
 
-    def _condition(self, encoded: tuple[Any, Any, Any]) -> Conditioned | None:
-        """With ``kriging``: the network's predictive at the kriged source's context points, factored once."""
+    def _kriged_points(self, encoded: tuple[Any, Any, Any]) -> tuple[Tensor, Tensor, Tensor]:
+        """The kriged source's context ``(x, y, valid)``: an empty set where the context lacks that source."""
+        observed = encoded[1]
+        if self.kriging.source in observed:
+            return observed[self.kriging.source]
+        x, y, valid = next(iter(observed.values()))
+        return x.new_zeros(x.shape[0], 0, x.shape[-1]), y.new_zeros(y.shape[0], 0, self.kriging.dim_y), valid[:, :0]
+
+    def _condition(self, encoded: tuple[Any, Any, Any], at_points: Normal | None = None) -> Conditioned | None:
+        """With ``kriging``: the context of the GP layer, from the network's predictive at the kriged source's points
+        (``at_points``, decoded here unless given), factored once."""
         if self.kriging is None:
             return None
-        xc, yc, valid = encoded[1][self.kriging.source]
-        return self.kriging.condition(xc, yc, valid, self._decode(*encoded, xc))
+        xc, yc, valid = self._kriged_points(encoded)
+        at_points = gaussian(self._decode(*encoded, xc) if at_points is None else at_points, "kriging")
+        return self.kriging.condition(xc, yc, valid, at_points)
 
-    def _predict(self, encoded: tuple[Any, Any, Any], conditioned: Conditioned | None, xt: Tensor) -> Distribution:
-        """The predictive at ``xt [B, Nt, Dx]``: the network's, kriged when the model has ``kriging``."""
-        dist = self._decode(*encoded, xt)
+    def _predict(
+        self,
+        encoded: tuple[Any, Any, Any],
+        conditioned: Conditioned | None,
+        xt: Tensor,
+        dist: Distribution | None = None,
+    ) -> Distribution:
+        """The predictive at ``xt [B, Nt, Dx]``: the network's (``dist``, decoded here unless given), kriged when the
+        model has ``kriging``."""
+        dist = self._decode(*encoded, xt) if dist is None else dist
         if conditioned is None:
             return dist
-        if not isinstance(dist, Normal):
-            raise TypeError(f"kriging needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
-        return self.kriging(conditioned, torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0), dist)
+        xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
+        return self.kriging(conditioned, xt, gaussian(dist, "kriging"))
 
     def _decode(self, tokens: Any, observed: Any, states: Any, xt: Tensor) -> Distribution:
         """The network's predictive at ``xt [B, Nt, Dx]`` from ``_encode``'s outputs."""
@@ -205,6 +213,13 @@ class NeuralProcess(nn.Module):
                 raise ValueError(f"context[{name!r}].y must be [B, N, {dim_y}] for this model; got {got}.")
             if obs.x.shape[0] != xt.shape[0]:
                 raise ValueError(f"context[{name!r}] has batch size {obs.x.shape[0]} but target x has {xt.shape[0]}.")
+
+
+def gaussian(dist: Distribution, what: str) -> Normal:
+    """``dist``, checked to be the Normal that ``what`` needs."""
+    if not isinstance(dist, Normal):
+        raise TypeError(f"{what} needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
+    return dist
 
 
 def single(t: Tensor) -> Tensor:

@@ -149,3 +149,14 @@ def test_a_correlation_that_is_not_positive_definite_names_jitter():
     context = Normal(torch.zeros(1, 40, 1), torch.ones(1, 40, 1))
     with pytest.raises(ValueError, match="raise jitter"):
         layer.condition(xc, torch.randn(1, 40, 1), torch.ones(1, 40, dtype=torch.bool), context)
+
+
+def test_a_context_without_the_kriged_source_gets_the_networks_mean():
+    torch.manual_seed(3)
+    model = build_model(model_spec())
+    grid = Observations(torch.rand(2, 16, 2) * 4, torch.randn(2, 16, 1), torch.ones(2, 16, dtype=torch.bool))
+    xt = torch.rand(2, 9, 2) * 4
+    got = model({"grid": grid}, xt)
+    network = model._decode(*model._encode({"grid": grid}), xt)
+    torch.testing.assert_close(got.mean, network.mean)
+    torch.testing.assert_close(got.stddev, network.stddev * (1 + model.kriging.nugget.detach()) ** 0.5)
