@@ -152,6 +152,7 @@ def test_registry_entries_are_importable_from_their_stage_module():
         "grid_decoder": "gridtnp.nn.grid_decoders",
         "likelihood": "gridtnp.nn.likelihoods",
         "residual": "gridtnp.nn.residuals",
+        "kriging": "gridtnp.nn.kriging",
         "embedding": "gridtnp.nn.embeddings",
     }
     for kind, module in stage_module.items():

@@ -45,7 +45,7 @@ def test_a_mistake_through_the_console_entry_point_is_one_line_and_status_2(tmp_
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "gridtnp: error: NeuralProcessModule has no argument 'lrr' (did you mean 'lr'?). Its arguments: "
-        "compile, cos_latitude_weighting, dim, dim_x, dim_y, encoder, grid, grid_decoder, grid_encoder, "
+        "compile, cos_latitude_weighting, dim, dim_x, dim_y, encoder, grid, grid_decoder, grid_encoder, kriging, "
         "latitude_dim, likelihood, lr, lr_schedule, preset, processor, residual, target_dim_y, target_source, "
         "variance_calibration, warmup_steps, weight_decay."
     ]
