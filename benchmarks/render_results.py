@@ -268,6 +268,13 @@ def era5_skill_table(name: str = "era5_skill_cpu.csv") -> str:
     return table(header, [[cell(k, r[k]) for k in header] for r in rows])
 
 
+def era5_residual_kriging() -> str:
+    rows = read_json("era5_residual_kriging_cpu.json")["rows"]
+    header = ["correlation of the residuals", "chosen on the validation days"]
+    header += ["validation held-out RMSE (K)", "test held-out RMSE (K)"]
+    return table(header, [[r["correlation"], r["chosen"], fixed(r["val"]), fixed(r["test"])] for r in rows])
+
+
 def era5_mos_layouts() -> str:
     rows = read_json("era5_mos_cpu.json")["layouts"]
     header = ["regressors, per station", "fitted on one layout", "fitted over the 16 block offsets the model trains on"]
@@ -415,6 +422,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "era5_spread": lambda: era5_skill("spread_cpu.jsonl"),
     "era5_regression_climatology": lambda: era5_skill("regression_climatology_cpu.jsonl"),
     "era5_position": lambda: era5_skill_table("era5_skill/position_cpu.csv"),
+    "era5_kriging": lambda: era5_skill_table("era5_skill/kriging_cpu.csv"),
+    "era5_residual_kriging": era5_residual_kriging,
     "era5_mos_layouts": era5_mos_layouts,
     "era5_skill": era5_skill_table,
     "era5_models": era5_models,
