@@ -17,7 +17,8 @@ the other stations:
   squared exponential; the correlation a model with enough place features could learn. Nugget chosen on the
   validation days.
 
-RMSE in kelvin over held-out stations and test hours.
+RMSE in kelvin over held-out stations and test hours; then the regression's test RMSE over all stations by
+three-hour window of the day.
 """
 
 from __future__ import annotations
@@ -125,8 +126,16 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['correlation']} | {r['chosen']} | {r['val']:.3f} | {r['test']:.3f} |")
+    test = split["test"]
+    by_hour = {  # the regression alone, all stations: where in the day its errors are
+        f"{h:02d}-{h + 2:02d} UTC": float(
+            np.sqrt(np.mean((pred - y)[:, test[(hod[test] >= h) & (hod[test] <= h + 2)]] ** 2))
+        )
+        for h in range(0, 24, 3)
+    }
+    print("Regression alone, test RMSE K by UTC hour:", ", ".join(f"{k} {v:.3f}" for k, v in by_hour.items()))
     if args.json:
-        record = {**run_record(torch.device("cpu")), "rows": rows}
+        record = {**run_record(torch.device("cpu")), "rows": rows, "regression_rmse_by_utc_hour": by_hour}
         args.json.write_text(json.dumps(record, indent=1) + "\n")
 
 
