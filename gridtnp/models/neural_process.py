@@ -36,6 +36,9 @@ SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
 MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid", "residual", "kriging")
 
 
+#: Most (target, context point) pairs per batch compared to find the context points that are also targets.
+MATCH_PAIRS = 2**24
+
 #: Target points (summed over tasks) decoded in one pass when predicting (``forward_chunked``).
 TARGET_CHUNK = 2**16
 
@@ -74,9 +77,15 @@ class NeuralProcess(nn.Module):
         encoded = self._encode(context)
         if self.kriging is None or getattr(self.grid_decoder, "targets_interact", False):
             return self._predict(encoded, self._condition(encoded), xt)  # the context points must not join targets
-        # One decoder pass over the targets and the kriged source's context points (each point is decoded on its
-        # own, so this equals two passes), then the GP layer.
-        xc = self._kriged_points(encoded)[0]
+        # Each point is decoded on its own, so the network's predictive at the kriged source's context points comes
+        # from the targets' decoding where every context point is also a target (a station task), else from one
+        # decoder pass over the targets and the context points together.
+        xc, _, valid = self._kriged_points(encoded)
+        index = _target_at_each_point(xt, xc, valid)
+        if index is not None:
+            dist = gaussian(self._decode(*encoded, xt), "kriging")
+            at_points = Normal(*(_rows(v, index) for v in (dist.mean, dist.stddev)))
+            return self._predict(encoded, self._condition(encoded, at_points), xt, dist)
         dist = gaussian(self._decode(*encoded, torch.cat([xt, xc.to(xt.dtype)], 1)), "kriging")
         n = xt.shape[1]
         conditioned = self._condition(encoded, Normal(dist.mean[:, n:], dist.stddev[:, n:]))
@@ -213,6 +222,25 @@ class NeuralProcess(nn.Module):
                 raise ValueError(f"context[{name!r}].y must be [B, N, {dim_y}] for this model; got {got}.")
             if obs.x.shape[0] != xt.shape[0]:
                 raise ValueError(f"context[{name!r}] has batch size {obs.x.shape[0]} but target x has {xt.shape[0]}.")
+
+
+def _target_at_each_point(xt: Tensor, xc: Tensor, valid: Tensor) -> Tensor | None:
+    """Indices ``[B, Nc]`` of a target slot of ``xt [B, Nt, Dx]`` at each valid point of ``xc [B, Nc, Dx]`` (to
+    float32 rounding), or None where some valid point has none or the sets are too large to compare pairwise (above
+    ``MATCH_PAIRS`` pairs per batch; one device sync)."""
+    if xt.shape[1] == 0 or xc.shape[1] == 0 or xt.shape[0] * xt.shape[1] * xc.shape[1] > MATCH_PAIRS:
+        return None
+    xt, xc = torch.nan_to_num(xt.detach().float()), xc.detach().float()
+    tolerance = 1e-6 * (1.0 + xc.abs().amax(-1, keepdim=True))  # [B, Nc, 1]
+    same = (xc.unsqueeze(2) - xt.unsqueeze(1)).abs().amax(-1) <= tolerance  # [B, Nc, Nt]
+    if not bool((same.any(-1) | ~valid).all()):
+        return None
+    return same.to(torch.uint8).argmax(-1)  # the first target at each point
+
+
+def _rows(values: Tensor, index: Tensor) -> Tensor:
+    """``values [B, N, D]`` at the rows ``index [B, M]`` -> ``[B, M, D]``."""
+    return torch.gather(values, 1, index.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
 
 
 def gaussian(dist: Distribution, what: str) -> Normal:

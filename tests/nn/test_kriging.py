@@ -160,3 +160,22 @@ def test_a_context_without_the_kriged_source_gets_the_networks_mean():
     network = model._decode(*model._encode({"grid": grid}), xt)
     torch.testing.assert_close(got.mean, network.mean)
     torch.testing.assert_close(got.stddev, network.stddev * (1 + model.kriging.nugget.detach()) ** 0.5)
+
+
+def test_context_points_among_the_targets_are_decoded_once_with_the_same_result():
+    torch.manual_seed(4)
+    model = build_model(model_spec())
+    stations = Observations(torch.rand(2, 5, 2) * 4, torch.randn(2, 5, 1), torch.ones(2, 5, dtype=torch.bool))
+    stations.mask[1, 3:] = False
+    grid = Observations(torch.rand(2, 16, 2) * 4, torch.randn(2, 16, 1), torch.ones(2, 16, dtype=torch.bool))
+    xt = torch.cat([torch.rand(2, 7, 2) * 4, stations.x[:, [2, 0, 1]], stations.x[:1, [4, 3]].expand(2, -1, -1)], 1)
+    # every valid station is a target (task 1's padded slots 3 and 4 are not)
+    context = {"grid": grid, "stations": stations}
+    calls = []
+    hook = model.likelihood.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[1]))
+    once = model(context, xt)
+    hook.remove()
+    assert calls == [xt.shape[1]]  # the targets alone were decoded
+    twice = model.forward_chunked(context, xt, chunk=4)  # decodes the context points apart
+    torch.testing.assert_close(once.mean, twice.mean)
+    torch.testing.assert_close(once.stddev, twice.stddev)
