@@ -37,7 +37,7 @@ MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", 
 
 
 #: Most (target, context point) pairs per batch compared to find the context points that are also targets.
-MATCH_PAIRS = 2**24
+MATCH_PAIRS = 2**22  # the comparison holds [B, Nc, Nt, Dx] floats: 34 MB at Dx = 2
 
 #: Target points (summed over tasks) decoded in one pass when predicting (``forward_chunked``).
 TARGET_CHUNK = 2**16
