@@ -13,6 +13,7 @@ import torch
 from gridtnp import NeuralProcessModule
 from gridtnp.data import SyntheticDataModule
 from gridtnp.training.throughput import Throughput
+from tests.trainers import quiet_trainer
 
 
 class _SlowData(SyntheticDataModule):
@@ -37,13 +38,8 @@ def _fit(tmp_path, delay: float, val_check_interval: int | None = None) -> tuple
     data.delay, data.val_delay = delay, 0.2
     module = NeuralProcessModule(preset="cnp", dim=16)
     callback = Throughput(window=4, warmup=2, summary=str(tmp_path / "throughput.json"))
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
         max_steps=12,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         limit_val_batches=2 if val_check_interval else 0,
         val_check_interval=val_check_interval,
         default_root_dir=tmp_path,

@@ -17,6 +17,7 @@ from gridtnp.cli import GridTNPCLI, main
 from gridtnp.data import SyntheticDataModule
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
+from tests.trainers import quiet_trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,17 +35,7 @@ def test_tiny_tnp_learns_1d_gp(tmp_path):
     data.setup("fit")
     module = NeuralProcessModule(preset="tnp", dim=32, lr=1e-3, processor={"layers": 2})
     before = mean_val_loglik(module, data)
-    trainer = L.Trainer(
-        max_steps=60,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        gradient_clip_val=0.5,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(max_steps=60, gradient_clip_val=0.5, limit_val_batches=0, default_root_dir=tmp_path)
     trainer.fit(module, data)
     after = mean_val_loglik(module, data)
     # 60 steps gain 0.23 nats (-1.42 -> -1.18) with the paper's two-hidden-layer head and k_pe periodic tasks
@@ -55,13 +46,7 @@ def test_tiny_tnp_learns_1d_gp(tmp_path):
 def test_validation_metrics_are_logged():
     data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=8, train_batches=2, val_batches=2, test_batches=2)
     module = NeuralProcessModule(preset="cnp", dim=16)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer()
     (metrics,) = trainer.test(module, data, verbose=False)
     assert {"test/loglik", "test/rmse", "test/oracle_loglik"} <= set(metrics)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
