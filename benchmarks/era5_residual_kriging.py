@@ -15,7 +15,9 @@ the other stations:
 - empirical: each station pair's covariance of the regression's out-of-fold residuals over the training days
   (three folds of seven days, so the residuals are those of days the fit did not see), tapered by a 3 degree
   squared exponential; the correlation a model with enough place features could learn. Nugget chosen on the
-  validation days.
+  validation days;
+- empirical by hour of day: the same, from the training hours within +-1, 3 or 6 hours of the hour's UTC time of
+  day (window and nugget chosen on the validation days): a correlation that follows the diurnal cycle.
 
 RMSE in kelvin over held-out stations and test hours; then the regression's test RMSE over all stations by
 three-hour window of the day.
@@ -43,20 +45,30 @@ from gridtnp.data.sample import ERA5_SAMPLE, sample_path
 TAPER = 3.0  # degrees
 
 
-def krige(pred: np.ndarray, truth: np.ndarray, hours: np.ndarray, cov: np.ndarray, nugget: float, seed: int) -> float:
-    """Held-out RMSE of ``pred [S, T]`` after kriging its residuals at a U[0, 0.3] share of stations, per hour."""
+def krige(
+    pred: np.ndarray,
+    truth: np.ndarray,
+    hours: np.ndarray,
+    cov: np.ndarray,
+    nugget: float,
+    seed: int,
+    hour_of_day: np.ndarray | None = None,
+) -> float:
+    """Held-out RMSE of ``pred [S, T]`` after kriging its residuals at a U[0, 0.3] share of stations, per hour;
+    ``cov [S, S]``, or ``[24, S, S]`` indexed by each hour's ``hour_of_day [T]``."""
     rng = np.random.default_rng(seed)
     residual = truth - pred
-    scale = float(np.mean(np.diag(cov)))
     sse, count = 0.0, 0
     for t in hours:
+        c_t = cov if cov.ndim == 2 else cov[hour_of_day[t]]
+        scale = float(np.mean(np.diag(c_t)))
         n = int(rng.uniform(0, 0.3) * len(pred))
         order = rng.permutation(len(pred))
         c, h = order[:n], order[n:]
         estimate = pred[h, t]
         if n:
-            a = cov[np.ix_(c, c)] + nugget * scale * np.eye(n)
-            estimate = estimate + cov[np.ix_(h, c)] @ np.linalg.solve(a, residual[c, t])
+            a = c_t[np.ix_(c, c)] + nugget * scale * np.eye(n)
+            estimate = estimate + c_t[np.ix_(h, c)] @ np.linalg.solve(a, residual[c, t])
         sse += float(np.sum((truth[h, t] - estimate) ** 2))
         count += len(h)
     return float(np.sqrt(sse / count))
@@ -97,17 +109,27 @@ def main() -> None:
     residual = (y - out_of_fold)[:, train]
     d2 = ((xs[:, None] - xs[None]) ** 2).sum(-1)
     variance = float(np.mean(residual**2))
-    empirical = residual @ residual.T / residual.shape[1] * np.exp(-0.5 * d2 / TAPER**2)
+    taper = np.exp(-0.5 * d2 / TAPER**2)
+    empirical = residual @ residual.T / residual.shape[1] * taper
+
+    def by_hour(window: int) -> np.ndarray:
+        """``[24, S, S]``: the tapered covariance of the training hours within ``window`` hours of each hour."""
+        out = []
+        for h in range(24):
+            near = residual[:, np.minimum((hod[train] - h) % 24, (h - hod[train]) % 24) <= window]
+            out.append(near @ near.T / near.shape[1] * taper)
+        return np.stack(out)
 
     def best(covs: dict[str, np.ndarray]) -> tuple[str, float, float]:
         """The (correlation, nugget) with the best validation RMSE, and its test RMSE."""
         scores = {
-            (name, nugget): krige(pred, y, split["val"], cov, nugget, seed=1)
+            (name, nugget): krige(pred, y, split["val"], cov, nugget, 1, hod)
             for name, cov in covs.items()
             for nugget in (0.01, 0.03, 0.1, 0.3, 1.0)
         }
         name, nugget = min(scores, key=scores.get)
-        return f"{name}, nugget {nugget}", scores[name, nugget], krige(pred, y, split["test"], covs[name], nugget, 0)
+        test = krige(pred, y, split["test"], covs[name], nugget, 0, hod)
+        return f"{name}, nugget {nugget}", scores[name, nugget], test
 
     stationary = {f"lengthscale {ell}": variance * np.exp(-0.5 * d2 / ell**2) for ell in (0.1, 0.2, 0.4, 0.8)}
     rows = [
@@ -118,7 +140,12 @@ def main() -> None:
             "test": krige(pred, y, split["test"], np.eye(len(xs)), 1e9, 0),
         },
     ]
-    for label, covs in (("stationary", stationary), ("empirical", {"tapered 3 degrees": empirical})):
+    hourly = {f"+-{w} h, tapered 3 degrees": by_hour(w) for w in (1, 3, 6)}
+    for label, covs in (
+        ("stationary", stationary),
+        ("empirical", {"tapered 3 degrees": empirical}),
+        ("empirical by hour of day", hourly),
+    ):
         chosen, val, test = best(covs)
         rows.append({"correlation": label, "chosen": chosen, "val": val, "test": test})
     print(f"Closed-form regression ({len(xs)} stations) and kriging of its residuals, commit {git_commit()}")
