@@ -150,14 +150,13 @@ class NeuralProcess(nn.Module):
         dist = self._decode(*encoded, xt) if dist is None else dist
         if conditioned is None:
             return dist
-        xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
-        return self.kriging(conditioned, xt, gaussian(dist, "kriging"))
+        return self.kriging(conditioned, finite_locations(xt), gaussian(dist, "kriging"))
 
     def _decode(self, tokens: Any, observed: Any, states: Any, xt: Tensor) -> Distribution:
         """The network's predictive at ``xt [B, Nt, Dx]`` from ``_encode``'s outputs."""
         # Padded target slots may hold anything; real targets with a non-finite location are refused where batches
         # are made (gridtnp.batch.Batch), without a device sync here.
-        xt = torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
+        xt = finite_locations(xt)
         zt = self.encoders[self.target_source](xt, None)
         base = near = None
         if self.residual is not None:
@@ -248,6 +247,11 @@ def gaussian(dist: Distribution, what: str) -> Normal:
     if not isinstance(dist, Normal):
         raise TypeError(f"{what} needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
     return dist
+
+
+def finite_locations(xt: Tensor) -> Tensor:
+    """Target locations ``[B, Nt, Dx]`` in float32 (``single``) with padded slots' non-finite values set to 0."""
+    return torch.nan_to_num(single(xt), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def single(t: Tensor) -> Tensor:

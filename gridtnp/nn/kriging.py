@@ -39,6 +39,7 @@ class Conditioned(NamedTuple):
 
     x: Tensor  # context locations [B, Nc, Dx]
     features: Tensor  # phi at the context points [B, Nc, R]
+    norm: Tensor  # k(x, x)^-1/2 at the context points [B, Nc]
     cholesky: Tensor  # lower factor of C + nu I [B, Nc, Nc] (identity rows at invalid points)
     weights: Tensor  # (C + nu I)^-1 r [B, Nc, Dy] (zero at invalid points)
     valid: Tensor  # [B, Nc]
@@ -156,7 +157,7 @@ class ResidualKriging(nn.Module):
             r = (yc[..., : self.dim_y].to(dtype) - context.mean.to(dtype)) / context.stddev.to(dtype)
             r = torch.where(valid.unsqueeze(-1), r, 0.0)
             weights = torch.cholesky_solve(r, cholesky)
-        return Conditioned(xc, f, cholesky, weights, valid)
+        return Conditioned(xc, f, norm, cholesky, weights, valid)
 
     def forward(self, conditioned: Conditioned, xt: Tensor, dist: Normal) -> Normal:
         """The network's predictive ``dist`` at ``xt [B, Nt, Dx]`` conditioned on the context (``condition``)."""
@@ -165,8 +166,7 @@ class ResidualKriging(nn.Module):
             xt = xt.to(dtype)
             f = self.features(xt).to(dtype)  # [B, Nt, R]
             cross = self._kernel(xt, f, conditioned.x, conditioned.features)  # [B, Nt, Nc]
-            cross = cross * self._self_kernel(f).rsqrt().unsqueeze(-1)
-            cross = cross * self._self_kernel(conditioned.features).rsqrt().unsqueeze(-2)
+            cross = cross * self._self_kernel(f).rsqrt().unsqueeze(-1) * conditioned.norm.unsqueeze(-2)
             cross = torch.where(conditioned.valid.unsqueeze(-2), cross, 0.0)
             shift = cross @ conditioned.weights  # [B, Nt, Dy]
             v = torch.linalg.solve_triangular(conditioned.cholesky, cross.transpose(1, 2), upper=False)
