@@ -80,9 +80,11 @@ class Throughput(L.Callback):
         self._validation_start: float | None = None
         self._paused = 0.0  # validation since the last training batch
         self._excluded = self._window_excluded = 0.0  # validation inside the measurement / the window
+        self._first_step = 0  # the global step this process started training at (> 0 when resumed)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()
+        self._first_step = trainer.global_step
         if trainer.is_global_zero and gpu_sampling_available(pl_module.device):
             self._sampler = _UtilisationSampler(pl_module.device, self.interval)
             self._sampler.start()
@@ -116,7 +118,7 @@ class Throughput(L.Callback):
         now = time.perf_counter()
         tasks = int(batch.batch_size) * trainer.world_size
         self._last_end = now
-        count = trainer.global_step  # optimiser steps so far, this one included
+        count = trainer.global_step - self._first_step  # optimiser steps in this process, this one included
         if count == self.warmup:  # measurement starts after the warm-up steps
             self._start = now
             self._new_window(now)

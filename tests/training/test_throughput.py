@@ -32,20 +32,22 @@ class _SlowData(SyntheticDataModule):
             yield batch
 
 
-def _fit(tmp_path, delay: float, val_check_interval: int | None = None) -> tuple[dict, L.Trainer]:
+def _fit(
+    tmp_path, delay: float, val_check_interval: int | None = None, max_steps: int = 12, ckpt_path: str | None = None
+) -> tuple[dict, L.Trainer]:
     L.seed_everything(0)
     data = _SlowData(task={"name": "gp1d"}, batch_size=4, train_batches=16, val_batches=2)
     data.delay, data.val_delay = delay, 0.2
     module = NeuralProcessModule(preset="cnp", dim=16)
     callback = Throughput(window=4, warmup=2, summary=str(tmp_path / "throughput.json"))
     trainer = quiet_trainer(
-        max_steps=12,
+        max_steps=max_steps,
         limit_val_batches=2 if val_check_interval else 0,
         val_check_interval=val_check_interval,
         default_root_dir=tmp_path,
         callbacks=[callback],
     )
-    trainer.fit(module, data)
+    trainer.fit(module, data, ckpt_path=ckpt_path)
     return json.loads((tmp_path / "throughput.json").read_text()), trainer
 
 
@@ -66,6 +68,14 @@ def test_validation_is_not_counted_as_waiting(tmp_path) -> None:
     assert summary["steps"] == 10
     # Counted as waiting, the validations alone would make it at least 1.2 s (sleeps are never shorter).
     assert summary["data_wait"] * summary["seconds"] < 3 * 2 * 0.2
+
+
+def test_a_resumed_fit_measures_its_own_steps(tmp_path) -> None:
+    _, first = _fit(tmp_path / "first", 0.0, max_steps=6)
+    first.save_checkpoint(tmp_path / "six.ckpt")
+    summary, resumed = _fit(tmp_path / "resumed", 0.0, max_steps=12, ckpt_path=str(tmp_path / "six.ckpt"))
+    assert resumed.global_step == 12
+    assert summary["steps"] == 6 - 2 and summary["tasks"] == 4 * summary["steps"]  # warm-up counted from step 6
 
 
 def test_bad_settings_say_what_is_allowed() -> None:
