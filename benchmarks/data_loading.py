@@ -112,46 +112,56 @@ def measure(make, workers: int, batches: int) -> dict[str, float]:
 # and N DataLoader workers, from the local store and from the same store over HTTP with added latency.
 
 
-def daily_files(folder: Path, hours: int) -> list[Path]:
+def daily_files(folder: Path, hours: int, jobs: int = 1) -> list[Path]:
     """``hours`` hours of global 0.25 degree t2m and skt as daily NetCDF files (zlib level 1, a chunk per step):
-    a latitude profile, a diurnal cycle following the sun, weather-like smooth anomalies and grid-scale noise."""
+    a latitude profile, a diurnal cycle following the sun, weather-like smooth anomalies and grid-scale noise.
+    Each day has its own seed, so files written by ``jobs`` processes, or kept from an earlier run, are the same."""
+    folder.mkdir(parents=True, exist_ok=True)
+    days = -(-hours // 24)
+    paths = [folder / f"era5_global_{day:03d}.nc" for day in range(days)]
+    todo = [(paths[day], day, min(24, hours - 24 * day)) for day in range(days) if not paths[day].exists()]
+    if jobs > 1 and len(todo) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+            list(pool.map(_daily_file, *zip(*todo, strict=True)))
+    else:
+        for item in todo:
+            _daily_file(*item)
+    return paths
+
+
+def _daily_file(path: Path, day: int, steps: int) -> None:
+    """Day ``day`` (from 2019-01-01) of ``daily_files``: ``steps`` hourly steps written to ``path``."""
     import xarray as xr
 
-    folder.mkdir(parents=True, exist_ok=True)
     lat = np.arange(90.0, -90.01, -0.25)  # descending and 0-360, as ERA5 downloads are
     lon = np.arange(0.0, 360.0, 0.25)
-    rng = np.random.default_rng(0)
     base = 250.0 + 45.0 * np.cos(np.deg2rad(lat))[:, None] + 0.0 * lon[None, :]
-    coarse = rng.normal(size=(24, 46, 91))  # smooth anomalies: bilinear from a 4 degree grid, changing by hour
-    paths = []
-    for day in range(-(-hours // 24)):
-        path = folder / f"era5_global_{day:03d}.nc"
-        paths.append(path)
-        if path.exists():
-            continue
-        steps = min(24, hours - 24 * day)
-        time_axis = pd.date_range("2019-01-01", periods=steps, freq="h") + pd.Timedelta(days=day)
-        t2m = np.empty((steps, len(lat), len(lon)), np.float32)
-        for h in range(steps):
-            hour = 24 * day + h
-            weights = np.cos(np.deg2rad(lon[None, :] + 15.0 * hour - 180.0)).clip(0) * np.cos(np.deg2rad(lat))[:, None]
-            anomaly = np.kron(coarse[hour % 24] + 0.1 * day, np.ones((16, 16)))[: len(lat), : len(lon)]
-            noise = rng.standard_normal((len(lat), len(lon)), dtype=np.float32)
-            t2m[h] = base + 8.0 * weights + 3.0 * anomaly + 0.5 * noise
-        skt = t2m + 2.0 * rng.standard_normal(t2m.shape, dtype=np.float32)
-        ds = xr.Dataset(
-            {
-                "t2m": (("time", "latitude", "longitude"), t2m, {"units": "K", "long_name": "2 metre temperature"}),
-                "skt": (("time", "latitude", "longitude"), skt, {"units": "K", "long_name": "Skin temperature"}),
-            },
-            coords={"time": time_axis, "latitude": lat, "longitude": lon},
-        )
-        enc = {"zlib": True, "complevel": 1, "chunksizes": (1, len(lat), len(lon))}
-        tmp = path.with_name(path.name + ".tmp")
-        ds.to_netcdf(tmp, encoding={"t2m": enc, "skt": enc})
-        tmp.rename(path)  # an interrupted run leaves no truncated file under the name reused next time
-        print(f"wrote {path}")
-    return paths
+    coarse = np.random.default_rng(0).normal(size=(24, 46, 91))  # anomalies on 4 degree blocks, by hour
+    rng = np.random.default_rng([0, day])
+    time_axis = pd.date_range("2019-01-01", periods=steps, freq="h") + pd.Timedelta(days=day)
+    t2m = np.empty((steps, len(lat), len(lon)), np.float32)
+    for h in range(steps):
+        hour = 24 * day + h
+        weights = np.cos(np.deg2rad(lon[None, :] + 15.0 * hour - 180.0)).clip(0) * np.cos(np.deg2rad(lat))[:, None]
+        anomaly = np.kron(coarse[hour % 24] + 0.1 * day, np.ones((16, 16)))[: len(lat), : len(lon)]
+        noise = rng.standard_normal((len(lat), len(lon)), dtype=np.float32)
+        t2m[h] = base + 8.0 * weights + 3.0 * anomaly + 0.5 * noise
+    skt = t2m + 2.0 * rng.standard_normal(t2m.shape, dtype=np.float32)
+    ds = xr.Dataset(
+        {
+            "t2m": (("time", "latitude", "longitude"), t2m, {"units": "K", "long_name": "2 metre temperature"}),
+            "skt": (("time", "latitude", "longitude"), skt, {"units": "K", "long_name": "Skin temperature"}),
+        },
+        coords={"time": time_axis, "latitude": lat, "longitude": lon},
+    )
+    enc = {"zlib": True, "complevel": 1, "chunksizes": (1, len(lat), len(lon))}
+    tmp = path.with_name(path.name + ".tmp")
+    ds.to_netcdf(tmp, encoding={"t2m": enc, "skt": enc})
+    tmp.rename(path)  # an interrupted run leaves no truncated file under the name reused next time
+    print(f"wrote {path}", flush=True)
 
 
 def timed_prepare(files: list[Path], out: Path, train_end: str) -> dict[str, float]:

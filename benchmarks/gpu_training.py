@@ -38,6 +38,8 @@ from data_loading import daily_files, loader_rate, timed_prepare  # noqa: E402
 from harness import command_line, device_name, git_commit, repo_env, write_table  # noqa: E402
 from train_budget import instantiate  # noqa: E402
 
+from gridtnp.training.checkpointing import checkpoint_step  # noqa: E402
+
 
 def set_path(config: dict[str, Any], dotted: str, value: Any) -> None:
     """``config["a"]["b"] = value`` for ``"a.b"``, creating missing mappings."""
@@ -47,13 +49,15 @@ def set_path(config: dict[str, Any], dotted: str, value: Any) -> None:
     config[leaf] = value
 
 
-def global_store(folder: Path, hours: int, reuse: bool) -> tuple[Path, dict[str, Any], dict[str, float] | None]:
-    """The prepared global store of ``hours`` hours, the data overrides that use it, and prepare's timing (None
-    when ``reuse`` found the store already prepared)."""
+def global_store(
+    folder: Path, hours: int, reuse: bool, jobs: int
+) -> tuple[Path, dict[str, Any], dict[str, float] | None]:
+    """The prepared global store of ``hours`` hours (its NetCDF files written by ``jobs`` processes), the data
+    overrides that use it, and prepare's timing (None when ``reuse`` found the store already prepared)."""
     days = -(-hours // 24)
     if days < 2:
         raise SystemExit("--global-hours needs at least 48: training days, then a day for validation and test")
-    files = daily_files(folder / "raw", hours)
+    files = daily_files(folder / "raw", hours, jobs)
     store = folder / f"era5_global_{hours}h.zarr"
     train_end, last = f"2019-01-{days - 1:02d}", f"2019-01-{days:02d}"
     timing = None
@@ -70,8 +74,12 @@ def global_store(folder: Path, hours: int, reuse: bool) -> tuple[Path, dict[str,
 
 
 def fit(config: dict[str, Any], run: Path, minutes: float, precision: str) -> dict[str, Any]:
-    """``gridtnp fit`` of ``config`` for ``minutes`` in ``run``: the Throughput summary and the wall time."""
+    """``gridtnp fit`` of ``config`` for ``minutes`` in ``run``: the Throughput summary, the wall time and the step
+    it resumed from (None for a fresh run). A run whose ``last.ckpt`` exists resumes (``gridtnp fit`` does so by
+    itself in an explicit checkpoint folder) and trains until ``minutes`` in all, the earlier runs included."""
     run.mkdir(parents=True, exist_ok=True)
+    last = run / "checkpoints" / "last.ckpt"
+    resumed = checkpoint_step(last) if last.exists() else None
     summary = run / "throughput.json"
     callback = {"class_path": "gridtnp.training.throughput.Throughput", "init_args": {"summary": str(summary)}}
     config = {**config, "trainer": {**config.get("trainer", {})}}
@@ -87,7 +95,8 @@ def fit(config: dict[str, Any], run: Path, minutes: float, precision: str) -> di
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
     subprocess.run(command, check=True, env=repo_env())
-    return {**json.loads(summary.read_text()), "fit_wall_s": round(time.perf_counter() - start, 1)}
+    wall = round(time.perf_counter() - start, 1)
+    return {**json.loads(summary.read_text()), "fit_wall_s": wall, "resumed_step": resumed}
 
 
 def test(run: Path, precision: str) -> dict[str, float]:
@@ -110,6 +119,7 @@ def main() -> None:
     p.add_argument("--global-hours", type=int, default=None, help="train on a synthetic global store of N hours")
     p.add_argument("--store-dir", type=Path, default=Path("runs/benchmark_data"))
     p.add_argument("--reuse-store", action="store_true", help="--global-hours: keep a store prepared earlier")
+    p.add_argument("--jobs", type=int, default=os.cpu_count(), help="--global-hours: processes writing the files")
     p.add_argument("--loader-workers", type=int, nargs="*", default=[], help="DataLoader worker counts to time")
     p.add_argument("--loader-batches", type=int, default=60, help="batches per loader measurement (60)")
     p.add_argument("--test", action="store_true", help="then gridtnp test with the best-validation checkpoint")
@@ -132,7 +142,7 @@ def main() -> None:
         "commit": commit,
     }
     if args.global_hours:
-        store, data, timing = global_store(args.store_dir, args.global_hours, args.reuse_store)
+        store, data, timing = global_store(args.store_dir, args.global_hours, args.reuse_store, args.jobs)
         overrides = {**data, **overrides}
         meta["store"] = f"{store.name}: synthetic global 0.25 degree t2m + skt, prepared by gridtnp data prepare"
     if args.global_hours and timing is not None:
@@ -163,6 +173,8 @@ def main() -> None:
     workers = config["data"]["init_args"].get("num_workers", 0)
     rate = "-" if result["tasks_per_s"] is None else f"{result['tasks_per_s']:.1f}"
     notes = f"{result['steps']} steps after {result['warmup_steps']} warm-up, {result['seconds']:.0f} s"
+    if result["resumed_step"] is not None:
+        notes = f"resumed at step {result['resumed_step']} until {args.minutes:g} minutes in all; " + notes
     if result["steps"]:
         notes += (
             f"; waiting for data {100 * result['data_wait']:.1f} % of it; step {1000 * result['step_seconds']:.1f} ms"
