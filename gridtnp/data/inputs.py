@@ -23,11 +23,7 @@ import xarray as xr
 
 from gridtnp.data.archive import NAMES, Pick, raw_variables, resolve, select_part
 from gridtnp.data.input_checks import check_units, normalise_checked
-from gridtnp.data.layout import (
-    DIMS,
-    DataError,
-    iso,
-)
+from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, iso
 from gridtnp.files import is_url
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
@@ -82,10 +78,11 @@ def open_sources(
         parts, kept = [], []
         for path in paths:
             opened.append(open_source(path, selection.storage_options if selection else None))
+            raw = _step_chunks(opened[-1])
             if selection is None:
-                part = normalise_checked(opened[-1], str(path))
+                part = normalise_checked(raw, str(path))
             else:
-                part = selection.cut(opened[-1], variables, str(path))
+                part = selection.cut(raw, variables, str(path))
                 if part.sizes["time"] == 0:
                     continue
             steps = time_chunk or auto_time_chunk(part)  # read as it will be written: no larger chunk in memory
@@ -128,6 +125,13 @@ class Selection:
             picks = resolve(raw, variables, where)
             part = normalise_checked(raw[raw_variables(picks)], where)
         return select_part(part, picks, self.levels, self.start, self.end, self.region)
+
+
+def _step_chunks(raw: xr.Dataset) -> xr.Dataset:
+    """``raw`` as dask arrays of one time step (any spelling of time) by the whole of every other dimension, so that
+    normalising (a latitude flip, a longitude rotation) and cutting relabel blocks and each step is read once."""
+    steps = {dim: (1 if str(dim).lower() in COORD_ALIASES["time"] else -1) for dim in raw.dims}
+    return raw.chunk(steps)
 
 
 def open_remote_netcdf(url: str, storage_options: dict[str, Any] | None = None) -> xr.Dataset:

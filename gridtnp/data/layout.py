@@ -59,7 +59,8 @@ def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
     lat_attrs = dict(ds["latitude"].attrs)
     if "stored_direction" in lat_attrs:  # cfgrib's note on the GRIB order, no longer true once sorted
         lat_attrs["stored_direction"] = "increasing"
-    ds = ds.sortby(["time", "latitude", "longitude"])
+    for dim in DIMS:
+        ds = _ascending(ds, dim)
     ds["latitude"].attrs = lat_attrs
     for dim in DIMS:
         values = ds[dim].values
@@ -68,6 +69,24 @@ def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
             hint = " (after wrapping to [-180, 180), e.g. both 0 and 360)" if dim == "longitude" else ""
             raise DataError(f"{source}: duplicate {dim} value {dup}{hint}; expected each {dim} once.")
     return ds
+
+
+def _ascending(ds: xr.Dataset, dim: str) -> xr.Dataset:
+    """``ds`` sorted along ``dim``. Reversed axes (descending latitudes) are flipped with a slice and rotated ones
+    (0-360 longitudes after wrapping) rolled, which on dask arrays is a relabelling of blocks instead of the index
+    array of a sort that every read would gather through; anything else is sorted."""
+    values = ds[dim].values
+    if values.size < 2 or bool(np.all(values[1:] > values[:-1])):
+        return ds
+    if bool(np.all(values[1:] < values[:-1])):
+        return ds.isel({dim: slice(None, None, -1)})
+    falls = np.flatnonzero(values[1:] < values[:-1])
+    on_dask = all(var.chunks is not None for var in ds.data_vars.values() if dim in var.dims)
+    if on_dask and len(falls) == 1 and values[-1] < values[0]:
+        rotated = np.roll(values, -(falls[0] + 1))
+        if bool(np.all(rotated[1:] > rotated[:-1])):
+            return ds.roll({dim: -(int(falls[0]) + 1)}, roll_coords=True)
+    return ds.sortby(dim)  # lazily indexed arrays: a roll would load them, an index array keeps them lazy
 
 
 def _rename_coordinate(ds: xr.Dataset, canonical: str, aliases: tuple[str, ...], source: str) -> xr.Dataset:

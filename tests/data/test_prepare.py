@@ -13,7 +13,7 @@ import zarr
 
 from gridtnp.cli import main
 from gridtnp.data import sample_path
-from gridtnp.data.layout import STATS_ATTR, DataError
+from gridtnp.data.layout import STATS_ATTR, DataError, normalise
 from gridtnp.data.prepare import prepare
 from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
 from gridtnp.data.stations import read_stations, snap_to_grid
@@ -114,6 +114,17 @@ def test_0_360_descending_latitude_input_is_normalised(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ds.t2m.values, expected)
     assert ds.t2m.encoding["chunks"] == (4, 4, 4)
     assert ds.latitude.attrs["units"] == "degrees_north" and ds.longitude.attrs["units"] == "degrees_east"
+
+
+@pytest.mark.parametrize("lon", [[0.0, 90.0, 180.0, 270.0], [90.0, 0.0, 270.0, 180.0]], ids=["rotated", "shuffled"])
+def test_normalise_flips_and_rotates_dask_arrays_as_sorting_does(tmp_path: Path, lon: list[float]) -> None:
+    src = synthetic(np.array([10.0, 5.0, 0.0, -5.0]), np.array(lon), names=("valid_time", "lat", "lon"))
+    with xr.open_dataset(write_nc(src, tmp_path / "g.nc")) as lazy:
+        want = normalise(src)
+        for opened in (lazy, lazy.chunk({"valid_time": 1})):
+            got = normalise(opened)
+            assert (got.t2m.chunks is None) == (opened.t2m.chunks is None)  # dask stays dask
+            xr.testing.assert_identical(got.load(), want)
 
 
 def test_files_split_in_time_combine(tmp_path: Path) -> None:
