@@ -327,6 +327,38 @@ def cores_rows(
             totals.append(sum(run.result() for run in runs))
     rows.append(_cores_row("two 0-worker loaders in two processes at once (the sum)", sorted(totals)))
     print(rows[-1], flush=True)
+    rows += _spin_rows(repeat)
+    return rows
+
+
+def _spin(iterations: int = 20_000_000) -> float:
+    """Millions of iterations per second of a pure-Python loop: work that touches neither memory nor disk."""
+    start, total = time.perf_counter(), 0
+    for i in range(iterations):
+        total += i
+    return iterations / 1e6 / (time.perf_counter() - start)
+
+
+def _spin_rows(repeat: int) -> list[dict[str, str]]:
+    """The machine's own yardstick: one pure-Python loop against two run at once in two processes."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    one, two = [], []
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        for warm in [pool.submit(_spin, 1000) for _ in range(2)]:  # two interpreters started before any timing
+            warm.result()
+        for _ in range(repeat):
+            one.append(pool.submit(_spin).result())
+            runs = [pool.submit(_spin) for _ in range(2)]
+            two.append(sum(run.result() for run in runs))
+    rows = []
+    for name, rates in (("one process", one), ("two processes at once (the sum)", two)):
+        median = float(np.median(rates))
+        notes = f"M loop iterations/s; median of {len(rates)} runs, {min(rates):.1f} to {max(rates):.1f}"
+        rows.append({"case": f"pure-Python loop, {name}", "workers": "-", "tasks/s (wall)": f"{median:.1f}",
+                     "tasks/s per CPU s": "-", "notes": notes})  # fmt: skip
+        print(rows[-1], flush=True)
     return rows
 
 
