@@ -217,7 +217,8 @@ def repo_env() -> dict[str, str]:
 
 
 def git_commit() -> str:
-    """Short commit hash, with ``+dirty`` for uncommitted changes to tracked files; or why there is none."""
+    """Short commit hash, with ``+dirty`` for uncommitted changes to tracked files (other than result files and
+    documentation, which change no measured code); or why there is none."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
@@ -226,7 +227,9 @@ def git_commit() -> str:
         return "unavailable (no git)"
     if head.returncode != 0:
         return "unavailable (not a git checkout, or no commits yet)"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT, capture_output=True, timeout=10).returncode
+    paths = ["--", ".", ":(exclude)benchmarks/results", ":(exclude)docs", ":(exclude)*.md"]
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", *paths], cwd=ROOT, capture_output=True, timeout=10)
+    dirty = dirty.returncode
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
