@@ -41,7 +41,7 @@ def open_source(path: str | os.PathLike[str], storage_options: dict[str, Any] | 
     if not os.path.exists(name):
         raise DataError(f"{name}: no such file.")
     suffix = Path(name.rstrip("/")).suffix.lower()
-    kwargs: dict[str, Any] = {}  # no dask yet: lazy backend arrays, chunked after normalising (open_sources)
+    kwargs: dict[str, Any] = {}  # lazy backend arrays; open_sources chunks them one step per block
     if suffix == ".zarr":
         kwargs["engine"] = "zarr"
     elif suffix in GRIB_SUFFIXES:
