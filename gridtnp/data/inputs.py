@@ -128,9 +128,16 @@ class Selection:
 
 
 def _step_chunks(raw: xr.Dataset) -> xr.Dataset:
-    """``raw`` as dask arrays of one time step (any spelling of time) by the whole of every other dimension, so that
-    normalising (a latitude flip, a longitude rotation) and cutting relabel blocks and each step is read once."""
-    steps = {dim: (1 if str(dim).lower() in COORD_ALIASES["time"] else -1) for dim in raw.dims}
+    """``raw`` as dask arrays of the steps of one stored chunk in time (any spelling of time; one step where the
+    input is not chunked) by the whole of every other dimension, so that normalising (a latitude flip, a
+    longitude rotation) and cutting relabel blocks and each stored chunk is decompressed once."""
+    steps = {}
+    for dim in raw.dims:
+        if str(dim).lower() in COORD_ALIASES["time"]:
+            stored = [v.encoding.get("preferred_chunks", {}).get(dim, 1) for v in raw.data_vars.values()]
+            steps[dim] = max(stored, default=1)
+        else:
+            steps[dim] = -1
     return raw.chunk(steps)
 
 

@@ -13,6 +13,7 @@ import zarr
 
 from gridtnp.cli import main
 from gridtnp.data import sample_path
+from gridtnp.data.inputs import _step_chunks
 from gridtnp.data.layout import STATS_ATTR, DataError, normalise
 from gridtnp.data.prepare import prepare
 from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
@@ -125,6 +126,16 @@ def test_normalise_flips_and_rotates_dask_arrays_as_sorting_does(tmp_path: Path,
             got = normalise(opened)
             assert (got.t2m.chunks is None) == (opened.t2m.chunks is None)  # dask stays dask
             xr.testing.assert_identical(got.load(), want)
+
+
+@pytest.mark.parametrize("stored", [1, 4])
+def test_inputs_are_read_a_stored_chunk_per_block(tmp_path: Path, stored: int) -> None:
+    # One dask block per stored chunk: a block of fewer steps would decompress the chunk once per block.
+    src = synthetic(np.array([0.0, 5.0]), np.array([0.0, 90.0]), steps=8, names=("valid_time", "lat", "lon"))
+    path = tmp_path / "g.nc"
+    src.to_netcdf(path, encoding={"t2m": {"zlib": True, "chunksizes": (stored, 2, 2)}})
+    with xr.open_dataset(path) as raw:
+        assert _step_chunks(raw).t2m.chunks[0] == (stored,) * (src.sizes["valid_time"] // stored)
 
 
 def test_files_split_in_time_combine(tmp_path: Path) -> None:
