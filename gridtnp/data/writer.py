@@ -6,7 +6,8 @@ into running statistics: per variable (and level) the count, mean and sum of squ
 training values (merged block by block, Chan et al.), and with ``climatology`` the float64 sums per grid point and
 UTC hour of day (``HourlySums``: the steps per hour, and counts of missing values only once a variable has one).
 The next block is read while one is written. Memory is two blocks and the climatology sums, whatever the number
-of inputs.
+of inputs. Locally, the inputs' tasks are materialised once and each block computes only its own
+(``BlockReader``): computing a slice of the whole graph walks every input file's tasks for every block.
 
 A checkpoint (``STATE``: the blocks done and the statistics so far, in the partial store) is saved every
 ``checkpoint_s`` seconds; a rerun of the same request (same ``fingerprint``) resumes after the last checkpoint's
@@ -21,6 +22,7 @@ merges are the same).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -31,8 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import dask.array
+import dask.local
+import dask.threaded
 import numpy as np
 import xarray as xr
+from dask.array.core import concatenate3
+from dask.base import get_scheduler
+from dask.optimization import cull
 
 from gridtnp.files import atomic_write
 
@@ -167,6 +175,38 @@ class _Moments:
         return out
 
 
+class BlockReader:
+    """Steps ``[a, b)`` of dask arrays ``[T, ...]`` computed from their tasks, materialised once: each read culls and
+    optimises only the tasks of its blocks. ``dask.compute`` of a slice walks the whole graph, every input file's
+    tasks, for every block (0.6-3 s a block for 1,000 daily files, against about 10 ms here)."""
+
+    def __init__(self, arrays: list[dask.array.Array], get: Callable[..., Any]) -> None:
+        self.graph: dict[Any, Any] = {}
+        for x in arrays:
+            self.graph.update(x.__dask_graph__())
+        self.keys = [x.__dask_keys__() for x in arrays]
+        self.bounds = [np.cumsum((0, *x.chunks[0])) for x in arrays]
+        self.get = get
+
+    def read(self, a: int, b: int) -> tuple[np.ndarray, ...] | None:
+        """Every array's steps ``[a, b)``, or None where ``a`` or ``b`` is not a block boundary of every array."""
+        nested = []
+        for keys, bounds in zip(self.keys, self.bounds, strict=True):
+            i, j = np.searchsorted(bounds, [a, b])
+            if j >= len(bounds) or bounds[i] != a or bounds[j] != b:
+                return None
+            nested.append(keys[i:j])
+        flat = list(dask.core.flatten(nested))
+        graph, _ = cull(self.graph, flat)
+        values = dict(zip(flat, self.get(dask.array.optimization.optimize(graph, flat), flat), strict=True))
+        return tuple(concatenate3(_arrays(n, values)) for n in nested)
+
+
+def _arrays(nested: Any, values: dict[Any, np.ndarray]) -> Any:
+    """``nested`` (lists of task keys) with each key replaced by its value."""
+    return [_arrays(item, values) for item in nested] if isinstance(nested, list) else values[nested]
+
+
 def write_blocks(
     ds: xr.Dataset,
     store: Path,
@@ -210,9 +250,15 @@ def write_blocks(
     # lock, so more threads only contend for it); else ``jobs`` threads, or the active distributed client's workers.
     options: dict[str, Any] = {"scheduler": "sync"} if jobs == 1 else ({"num_workers": jobs} if jobs else {})
 
+    blocks = None
+    if all(isinstance(ds[v].data, dask.array.Array) for v in names) and get_scheduler() is None:
+        get = dask.local.get_sync if jobs == 1 else functools.partial(dask.threaded.get, num_workers=jobs)
+        blocks = BlockReader([ds[v].data for v in names], get)  # not on a distributed cluster: its own scheduler
+
     def read(index: int) -> tuple[np.ndarray, ...]:
         a, b = starts[index], min(starts[index] + size, total)
-        return dask.compute(*[ds[v].data[a:b] for v in names], **options)
+        values = blocks.read(a, b) if blocks is not None else None
+        return values if values is not None else dask.compute(*[ds[v].data[a:b] for v in names], **options)
 
     # The next block is read while this one is written and folded into the statistics (two blocks in memory), so
     # reading (decompression, a remote store's round trips) overlaps writing (compression) and the statistics.

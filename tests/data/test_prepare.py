@@ -138,6 +138,23 @@ def test_inputs_are_read_a_stored_chunk_per_block(tmp_path: Path, stored: int) -
         assert _step_chunks(raw).t2m.chunks[0] == (stored,) * (src.sizes["valid_time"] // stored)
 
 
+def test_block_reader_reads_what_dask_computes_and_only_whole_blocks() -> None:
+    import dask
+    import dask.array as da
+
+    from gridtnp.data.writer import BlockReader
+
+    base = da.arange(6 * 4 * 8, chunks=4 * 8, dtype=np.float32).reshape(6, 4, 8)  # one step a block
+    rolled = da.roll(base[:, ::-1], 3, axis=2)  # two blocks in longitude, tasks shared with `base`
+    merged = rolled.rechunk((2, 4, 8))
+    reader = BlockReader([base.rechunk((2, 4, 8)), merged], dask.local.get_sync)
+    for a, b in [(0, 2), (2, 6), (0, 6)]:
+        got = reader.read(a, b)
+        want = dask.compute(base[a:b], merged[a:b], scheduler="sync")
+        assert got is not None and all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    assert reader.read(1, 3) is None and reader.read(4, 7) is None  # not on block boundaries: the caller computes
+
+
 def test_files_split_in_time_combine(tmp_path: Path) -> None:
     src = synthetic(np.array([0.0, 1.0]), np.array([350.0, 355.0]), steps=8)
     files = [
