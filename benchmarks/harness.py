@@ -228,9 +228,8 @@ def git_commit() -> str:
     if head.returncode != 0:
         return "unavailable (not a git checkout, or no commits yet)"
     paths = ["--", ".", ":(exclude)benchmarks/results", ":(exclude)docs", ":(exclude)*.md"]
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", *paths], cwd=ROOT, capture_output=True, timeout=10)
-    dirty = dirty.returncode
-    return head.stdout.strip() + ("+dirty" if dirty else "")
+    diff = subprocess.run(["git", "diff", "--quiet", "HEAD", *paths], cwd=ROOT, capture_output=True, timeout=10)
+    return head.stdout.strip() + ("+dirty" if diff.returncode else "")
 
 
 def device_name(device: torch.device) -> str:

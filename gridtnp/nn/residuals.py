@@ -393,10 +393,11 @@ class InterpolationResidual(nn.Module):
 
     def _spread_factor(self, context: dict[str, tuple[Tensor, Tensor, Tensor]]) -> Tensor:
         """The std factor ``(nu / nu_0)^alpha`` ``[B, 1, 1]`` of each task (see ``spread``)."""
-        xs, ys, valid = context.get(self.spread) or next(iter(context.values()))
+        if self.spread not in context or context[self.spread][0].shape[1] == 0:  # no point of it here: nu = nu_0
+            _, y, _ = next(iter(context.values()))
+            return torch.ones(y.shape[0], 1, 1, dtype=y.dtype, device=y.device)
+        xs, ys, valid = context[self.spread]
         log_nu0, alpha = self.spread_scale.unbind()
-        if self.spread not in context or xs.shape[1] == 0:  # no point of the source in this batch: nu = nu_0
-            return torch.ones(xs.shape[0], 1, 1, dtype=ys.dtype, device=ys.device)
         others = [s for s in self.sources if s != self.spread]
         at_points, _ = self._weighted(self._neighbours(context, xs, others))  # [B, Ns, Dy]
         d2 = (ys[..., : self.dim_y] - at_points).square().mean(-1) * valid.to(ys.dtype)  # [B, Ns]

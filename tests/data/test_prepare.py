@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import dask
+import dask.array as da
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,6 +21,7 @@ from gridtnp.data.prepare import prepare
 from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
 from gridtnp.data.stations import read_stations, snap_to_grid
 from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, select
+from gridtnp.data.writer import BlockReader
 from gridtnp.registry import ConfigError
 
 TRAIN = ("2019-03-01", "2019-03-21")
@@ -139,11 +142,6 @@ def test_inputs_are_read_a_stored_chunk_per_block(tmp_path: Path, stored: int) -
 
 
 def test_block_reader_reads_what_dask_computes_and_only_whole_blocks() -> None:
-    import dask
-    import dask.array as da
-
-    from gridtnp.data.writer import BlockReader
-
     base = da.arange(6 * 4 * 8, chunks=4 * 8, dtype=np.float32).reshape(6, 4, 8)  # one step a block
     rolled = da.roll(base[:, ::-1], 3, axis=2)  # two blocks in longitude, tasks shared with `base`
     merged = rolled.rechunk((2, 4, 8))
