@@ -162,7 +162,7 @@ def main() -> None:
         r = loader_rate(lambda w, c=dm_config: instantiate(c), workers, args.loader_batches)
         rows.append({"measure": "training DataLoader alone (delivered)", "workers": workers,
                      "tasks/s": f"{r['tasks_per_s']:.1f}",
-                     "notes": f"batch {r['batch']}, {args.loader_batches - 1} batches timed, "
+                     "notes": f"batch {r['batch']}, {r['timed']} batches timed, "
                               f"{r['tasks_per_cpu_s']:.1f} tasks per CPU s"})  # fmt: skip
         print(rows[-1], flush=True)
         write()

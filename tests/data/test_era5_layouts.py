@@ -88,6 +88,25 @@ def test_training_layouts_differ_per_task_and_repeat_per_seed(store: str, statio
     assert all(len(set(map(tuple, offset[factor == f].tolist()))) == f * f for f in (2, 3, 4))  # every offset drawn
 
 
+def test_each_training_task_holds_its_own_hour_under_its_own_layout(store: str, stations: str) -> None:
+    # The block sums take each layout's tasks together (the fields are read in that order); every task's blocks
+    # must still be its own hour's means on its own lattice.
+    dm = datamodule(store, stations, coarsen=[2, 3, 4], batch_size=16)
+    batch = next(iter(dm.train_dataloader()))
+    grid, hour = batch.context["grid"], batch.extras["hour"].numpy()
+    keys = [(f, a, o) for f in (2, 3, 4) for a in range(f) for o in range(f)]
+    layouts = {k: BlockLayout(np.array([k[0]]), np.array([k[1:]]), (len(LAT), len(LON))) for k in keys}
+    centres = {k: layout.coordinates(LAT, LON)[0, : int(layout.num_blocks[0])] for k, layout in layouts.items()}
+    seen = set()
+    for b in range(batch.batch_size):
+        x = grid.x[b][grid.mask[b]].numpy()
+        (key,) = [k for k, c in centres.items() if c.shape == x.shape and np.allclose(c, x, atol=1e-4)]
+        want = loop_block_means(field().t2m.values[hour[b]], key[0], key[1:])
+        np.testing.assert_allclose(unnormalise(dm, grid.y[b][grid.mask[b]][:, 0]), want, atol=1e-3)
+        seen.add(key)
+    assert len(seen) > 4 and len(set(hour.tolist())) > 4  # layouts and hours mixed across the batch
+
+
 def test_evaluation_uses_one_layout_that_can_be_shifted(store: str, stations: str) -> None:
     for offset in [(0, 0), (1, 0), (3, 2)]:
         dm = datamodule(store, stations, eval_offset=offset)

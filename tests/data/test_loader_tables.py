@@ -1,5 +1,5 @@
 """Per-layout tables of the station task's coarse context (``gridtnp.data.era5.blocks``): cached block centres,
-block sums by ``reduceat`` and the stations' block means equal what the per-task label bincounts give, and the
+block sums along each axis and the stations' block means equal what the per-task label bincounts give, and the
 training split builds them in the main process."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from gridtnp.batch import Batch
 from gridtnp.data import StationReanalysisDataModule
-from gridtnp.data.era5.blocks import BlockLayout, LayoutTables
+from gridtnp.data.era5.blocks import BlockLayout, LayoutTables, _axis_sums
 from gridtnp.data.era5.station_tasks import SplitTask
 
 
@@ -44,6 +44,30 @@ def test_cached_tables_equal_the_recomputed_values_for_every_layout(wrap_lon: bo
         )
         np.testing.assert_array_equal(layout.block_of(points), layout.labels[:, points])
     assert len(tables._centres) == len(keys) and len(tables._members) == len(keys)
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_axis_sums_equal_reduceat_bit_for_bit(axis: int) -> None:
+    rng = np.random.default_rng(2)
+    values = (280.0 + 10.0 * rng.normal(size=(3, 23, 40, 2))).astype(np.float32)  # rows: slabs of 80 cells
+    n = values.shape[axis]
+    cases = [np.arange(0, n, 4), np.r_[0, np.arange(3, n, 4)], np.r_[0, np.arange(1, n, 5)], np.array([0, 2, 9, 11])]
+    for edges in cases:  # whole runs with and without partial ends; the last: segments of mixed widths
+        want = np.add.reduceat(values, edges, axis=axis, dtype=np.float64)
+        np.testing.assert_array_equal(_axis_sums(values, edges, int(np.diff(edges).max()), axis), want)
+
+
+def test_grouped_order_puts_each_layout_in_one_slice_with_the_same_sums() -> None:
+    rng = np.random.default_rng(3)
+    factor, offset = np.array([2, 3, 2, 3, 2, 2]), np.array([[0, 1], [1, 1], [1, 0], [1, 1], [0, 1], [1, 0]])
+    layout = BlockLayout(factor, offset, (11, 16), wrap_lon=True)
+    order, grouped = layout.grouped()
+    assert sorted(order.tolist()) == list(range(6))
+    assert all(np.array_equal(t, np.arange(t[0], t[0] + len(t))) for t in grouped.groups().values())
+    values = rng.normal(size=(6, 11, 16, 1))
+    values[4, 2, 3, 0] = np.nan
+    for got, want in zip(grouped.block_sums(values[order]), layout.block_sums(values), strict=True):
+        np.testing.assert_array_equal(got, want[order])
 
 
 def test_the_training_split_builds_its_tables_before_the_workers_start() -> None:

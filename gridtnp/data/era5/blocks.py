@@ -12,8 +12,9 @@ one size are the equally valid ways to coarsen a field by ``c``. ``o = 0`` is ``
   coordinates, across the date line for wrapped blocks).
 * ``BlockLayout.means(values [B, H * W, V])``: NaN-aware block means ``[B, size, V]`` (NaN where a block has no
   finite value or does not exist), by one ``bincount`` per variable over all tasks at once.
-* ``BlockLayout.fast_means(values [B, H, W, V])``: the same means by a ``reduceat`` along each axis per distinct
-  layout of the batch (no per-point labels; the station task's path).
+* ``BlockLayout.fast_means(values [B, H, W, V])``: the same means by a sum along each axis per distinct layout of
+  the batch (no per-point labels; the station task's path). ``BlockLayout.grouped()`` orders the tasks so that
+  each layout's tasks are one slice of the batch: summed in place, not copied out.
 * ``LayoutTables(lat, lon, wrap_lon, points)``: what depends on a layout alone, built once per ``(factor, offset)``:
   block centres (``centres(layout) -> [B, size, 2]``) and the means of the blocks holding ``points`` only
   (``point_means(layout, values [B, H * W]) -> [B, S]``, the coarse-cell baseline at the stations).
@@ -48,7 +49,7 @@ class BlockLayout:
         self.num_blocks = self.block_rows * self.block_cols  # [B]
         self.size = int(self.num_blocks.max())
         self.rows, self.cols = rows, cols  # [B, H], [B, W] block row / column of each fine row / column
-        self.factor, self.offset, self.shape = factor, offset, (h, w)
+        self.factor, self.offset, self.shape, self.wrap_lon = factor, offset, (h, w), wrap_lon
         self._labels: np.ndarray | None = None
 
     @property
@@ -71,28 +72,33 @@ class BlockLayout:
             out.setdefault(self.key(task), []).append(task)
         return {k: np.asarray(v) for k, v in out.items()}
 
+    def grouped(self) -> tuple[np.ndarray, BlockLayout]:
+        """``order [B]`` that puts the tasks of each distinct layout next to each other, and the layout of the
+        tasks in that order: its ``block_sums`` sum each layout's tasks as one slice of the batch, not a copy."""
+        order = np.concatenate(list(self.groups().values()))
+        return order, BlockLayout(self.factor[order], self.offset[order], self.shape, self.wrap_lon)
+
     def block_sums(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per-block sums of the finite values and their counts, ``[B, size, V]`` each (0 beyond ``num_blocks``),
-        of ``values [B, H, W, V]``: a ``reduceat`` along each axis per distinct layout (no per-point labels)."""
+        of ``values [B, H, W, V]``: one pass along each axis per distinct layout (no per-point labels)."""
         b, h, w, v = values.shape
         total = np.zeros((b, self.size, v), dtype=np.float64)
         count = np.zeros((b, self.size, v), dtype=np.float64)
         for tasks in self.groups().values():
-            t0 = int(tasks[0])
-            row_edges = np.flatnonzero(np.diff(self.rows[t0], prepend=-1))  # first fine row of each block row
-            col_edges = np.flatnonzero(np.diff(self.cols[t0] + self.wrapped[t0] * w, prepend=-1))
-            part = values if len(tasks) == b else values[tasks]  # [k, H, W, V], summed in float64 below
-            finite = np.isfinite(part)
-            has_nan = not finite.all()
-            if has_nan:
-                part = np.where(finite, part, 0.0)
-            sums = np.add.reduceat(np.add.reduceat(part, col_edges, axis=2, dtype=np.float64), row_edges, axis=1)
-            if has_nan:
-                counts = np.add.reduceat(np.add.reduceat(finite.astype(np.float64), col_edges, axis=2), row_edges, 1)
-            else:  # points per block, the same for every task and variable of this layout
+            first, last = int(tasks[0]), int(tasks[-1])
+            row_edges = np.flatnonzero(np.diff(self.rows[first], prepend=-1))  # first fine row of each block row
+            col_edges = np.flatnonzero(np.diff(self.cols[first] + self.wrapped[first] * w, prepend=-1))
+            edges = (row_edges, col_edges, int(self.factor[first]))
+            # [k, H, W, V], summed in float64 below; a view where the layout's tasks are one run of the batch
+            part = values[first : last + 1] if last - first + 1 == len(tasks) else values[tasks]
+            sums = _block_grid_sums(part, *edges)
+            if np.isfinite(sums).all():  # every value finite (one check on the sums): points per block, as laid out
                 sizes = np.outer(np.diff(np.append(row_edges, h)), np.diff(np.append(col_edges, w)))
                 counts = np.broadcast_to(sizes[None, :, :, None].astype(np.float64), sums.shape).copy()
-            if self.wrapped[t0].any():  # the partial last column block joins the first, across the date line
+            else:  # a NaN or inf somewhere: sums and counts of the finite values only
+                finite = np.isfinite(part)
+                sums, counts = _block_grid_sums(np.where(finite, part, 0.0), *edges), _block_grid_sums(finite, *edges)
+            if self.wrapped[first].any():  # the partial last column block joins the first, across the date line
                 sums[:, :, 0] += sums[:, :, -1]
                 counts[:, :, 0] += counts[:, :, -1]
                 sums, counts = sums[:, :, :-1], counts[:, :, :-1]
@@ -170,9 +176,9 @@ class LayoutTables:
             self._centres[key] = single.coordinates(self.lat, self.lon)[0, : int(single.num_blocks[0])]
         return self._centres[key]
 
-    def centres(self, layout: BlockLayout) -> np.ndarray:
+    def centres(self, layout: BlockLayout, dtype: np.dtype | type = np.float64) -> np.ndarray:
         """``layout.coordinates(lat, lon)`` from the tables: block centres ``[B, size, 2]``, 0 for padding slots."""
-        out = np.zeros((len(layout.factor), layout.size, 2), dtype=np.float64)
+        out = np.zeros((len(layout.factor), layout.size, 2), dtype=dtype)
         for key, tasks in layout.groups().items():
             centres = self.layout_centres(key)
             out[tasks, : len(centres)] = centres
@@ -200,15 +206,53 @@ class LayoutTables:
         """NaN-aware mean ``[B, S]`` of ``values [B, H * W]`` over the block (of each task's layout) holding each
         of ``points``: one block mean per point, without the means of blocks holding none."""
         out = np.empty((len(layout.factor), len(self.points)), dtype=np.float64)  # type: ignore[arg-type]
+        flat, size = values.reshape(-1), values.shape[1]  # one index into the flat fields: a faster gather than two
         for key, tasks in layout.groups().items():
             index, valid = self.members(key)
-            picked = values[tasks[:, None, None], index[None]].astype(np.float64)  # [k, S, M], no copy of the fields
-            ok = valid[None] & np.isfinite(picked)
-            total = np.where(ok, picked, 0.0).sum(-1)
+            picked = flat[(tasks * size)[:, None, None] + index[None]]  # [k, S, M], no copy of the fields
+            ok = np.isfinite(picked)
+            ok &= valid
+            total = np.where(ok, picked, 0.0).sum(-1, dtype=np.float64)
             count = ok.sum(-1)
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[tasks] = np.where(count > 0, total / count, np.nan)
         return out
+
+
+def _block_grid_sums(values: np.ndarray, row_edges: np.ndarray, col_edges: np.ndarray, width: int) -> np.ndarray:
+    """Float64 block sums ``[k, rows, cols, V]`` of ``values [k, H, W, V]``: along the rows, then the columns."""
+    return _axis_sums(_axis_sums(values, row_edges, width, 1), col_edges, width, 2)
+
+
+def _axis_sums(values: np.ndarray, edges: np.ndarray, width: int, axis: int) -> np.ndarray:
+    """Float64 sums of ``values`` over the segments of ``axis`` that start at ``edges`` (the last runs to the end).
+
+    The segments between a partial first and a partial last one are ``width`` cells each: those are summed as a
+    reshape, one pass over the data (``np.add.reduceat`` runs its inner loop once per segment of a few cells).
+    """
+    bounds = np.append(edges, values.shape[axis])
+    whole = np.flatnonzero(np.diff(bounds) == width)
+    first, stop = (int(whole[0]), int(whole[-1]) + 1) if whole.size else (0, 0)
+    if stop - first != whole.size or first > 1 or stop < len(edges) - 1:  # not one run of whole segments
+        return np.add.reduceat(values, edges, axis=axis, dtype=np.float64)
+
+    def cells(a: int, b: int) -> np.ndarray:
+        return values[(slice(None),) * axis + (slice(a, b),)]
+
+    middle = cells(int(bounds[first]), int(bounds[stop]))
+    split = middle.reshape(*middle.shape[:axis], stop - first, width, *middle.shape[axis + 1 :])
+    if np.prod(split.shape[axis + 2 :]) >= 64:  # slabs of cells after the axis: numpy adds them slab by slab
+        pieces = [split.sum(axis + 1, dtype=np.float64)]
+    else:  # a few cells after the axis, where numpy's reduction loops per output: one strided add per offset
+        offset = (slice(None),) * (axis + 1)
+        pieces = [split[(*offset, 0)].astype(np.float64)]
+        for k in range(1, width):
+            pieces[0] += split[(*offset, k)]
+    if first:  # the partial first segment
+        pieces.insert(0, cells(0, int(bounds[1])).sum(axis, keepdims=True, dtype=np.float64))
+    if stop < len(edges):  # the partial last segment
+        pieces.append(cells(int(bounds[stop]), int(bounds[-1])).sum(axis, keepdims=True, dtype=np.float64))
+    return np.concatenate(pieces, axis) if len(pieces) > 1 else pieces[0]
 
 
 def draw_layouts(

@@ -142,15 +142,25 @@ class StationReanalysisTask:
             flat, points_x = np.broadcast_to(self.station_flat, (b, s)), np.broadcast_to(self.station_x, (b, s, 2))
         factors, offset = self.layouts.get(split.name, self.layouts["train"])
         layout = BlockLayout(*draw_layouts(b, factors, offset, generator), self.shape, self.wrap_lon)
+        # The grid variables are read with the tasks of each layout side by side (``order``), so that the block
+        # sums take each layout's fields as one slice; their results go back to the tasks' order (``back``).
+        order, grouped = layout.grouped()
+        back = np.argsort(order)
 
         t_target, t_grid = split.target_time[pick], split.grid_time[pick]
-        requests = [(v, t_grid) for v in self.grid_variables] + [(self.station_variable, t_target)]
+        requests = [(v, t_grid[order]) for v in self.grid_variables] + [(self.station_variable, t_target)]
         baseline_in_grid = self.station_variable in self.grid_variables
         if not baseline_in_grid:
             requests.append((self.station_variable, t_grid))
         fields = [f.reshape(b, -1) for f in self.cache.read(requests)]  # [B, H * W] each
         n_grid = len(self.grid_variables)
-        station_at_grid_time = fields[self.grid_variables.index(self.station_variable) if baseline_in_grid else -1]
+        # The station variable at the grid's hour: one of the grid fields (grouped order), or read in task order.
+        if baseline_in_grid:
+            station_at_grid_time = fields[self.grid_variables.index(self.station_variable)]
+            station_layout, station_order, station_back = grouped, order, back
+        else:
+            station_at_grid_time = fields[-1]
+            station_layout, station_order, station_back = layout, slice(None), slice(None)
         # Departures from each grid point's own reference (its climatology at that hour, or the variable's mean)
         # before the blocks average them: a block's share of sea or hill then no longer shifts its value.
         if n_grid == 0:  # stations only (grid_variables: []): no gridded source
@@ -160,20 +170,21 @@ class StationReanalysisTask:
                 grid_fields = fields[0][..., None] if n_grid == 1 else np.stack(fields[:n_grid], -1)
                 shift = np.array([self.reference(v, t_grid) for v in self.grid_variables])  # [V]
             else:
-                references = [self.reference(v, t_grid) for v in self.grid_variables]
+                references = [self.reference(v, t_grid[order]) for v in self.grid_variables]
                 grid_fields = np.stack([f - r for f, r in zip(fields[:n_grid], references, strict=True)], -1)
                 shift = np.zeros(n_grid)
-            coarse = layout.fast_means(grid_fields.reshape(b, *self.shape, n_grid)) - shift  # [B, G, V] departures
+            coarse = grouped.fast_means(grid_fields.reshape(b, *self.shape, n_grid))[back] - shift  # [B, G, V]
         # The station variable's block means at the grid time, in its units, for the stations' blocks only [B, S].
         if self.random_points:  # other points in every task: the layout's block means, read at each task's points
-            blocks = np.take_along_axis(layout.labels, flat, 1)  # [B, S]
-            coarse_station = np.take_along_axis(layout.means(station_at_grid_time[..., None])[..., 0], blocks, 1)
+            blocks = np.take_along_axis(station_layout.labels, flat[station_order], 1)  # [B, S]
+            means = station_layout.means(station_at_grid_time[..., None])[..., 0]
+            coarse_station = np.take_along_axis(means, blocks, 1)[station_back]
         else:  # the stations' blocks only, from tables cached per layout
-            coarse_station = self.tables.point_means(layout, station_at_grid_time)
+            coarse_station = self.tables.point_means(station_layout, station_at_grid_time)[station_back]
 
         # On-the-grid context: every block of the task's layout, at the mean of its points' coordinates,
         # normalised; blocks with a NaN in any variable (or padding beyond a task's block count) are masked out.
-        grid_x = self.tables.centres(layout)  # [B, G, 2]
+        grid_x = self.tables.centres(layout, np.float32)  # [B, G, 2]
         y_grid = (coarse / self.std).astype(np.float32)
         grid_ok = np.isfinite(y_grid).all(-1) & layout.exists
         if self.hour_of_day is not None:  # (sin, cos) of the target's hour of day on every block: [B, G, 2]
@@ -207,7 +218,7 @@ class StationReanalysisTask:
         context = {}
         if y_grid.shape[-1]:  # no grid variables (stations-only tasks): no "grid" source
             context["grid"] = masked_observations(
-                torch.from_numpy(np.where(grid_ok[..., None], grid_x, 0.0).astype(np.float32)),
+                torch.from_numpy(np.where(grid_ok[..., None], grid_x, np.float32(0.0))),
                 y_grid,
                 grid_ok,
                 "context['grid']",
