@@ -351,26 +351,41 @@ def _spin(iterations: int = 20_000_000) -> float:
     return iterations / 1e6 / (time.perf_counter() - start)
 
 
+def _stream(rounds: int = 60) -> float:
+    """GB/s of copying a 64 MiB float32 array into another (bytes read plus written): work bound by memory, as
+    the loader's chunk copies and block sums are."""
+    src = np.ones(16 * 2**20, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        np.copyto(dst, src)
+    return rounds * 2 * src.nbytes / 1e9 / (time.perf_counter() - start)
+
+
 def _spin_rows(repeat: int) -> list[dict[str, str]]:
-    """The machine's own yardstick: one pure-Python loop against two run at once in two processes."""
+    """The machine's own yardsticks, each in one process against two run at once in two processes: a pure-Python
+    loop (the cores alone) and a copy of large arrays (the cores and their memory)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    one, two = [], []
+    rows = []
+    yardsticks = ((_spin, "pure-Python loop", "M loop iterations/s"), (_stream, "64 MiB array copy", "GB/s"))
     with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
         for warm in [pool.submit(_spin, 1000) for _ in range(2)]:  # two interpreters started before any timing
             warm.result()
-        for _ in range(repeat):
-            one.append(pool.submit(_spin).result())
-            runs = [pool.submit(_spin) for _ in range(2)]
-            two.append(sum(run.result() for run in runs))
-    rows = []
-    for name, rates in (("one process", one), ("two processes at once (the sum)", two)):
-        median = float(np.median(rates))
-        notes = f"M loop iterations/s; median of {len(rates)} runs, {min(rates):.1f} to {max(rates):.1f}"
-        rows.append({"case": f"pure-Python loop, {name}", "workers": "-", "tasks/s (wall)": f"{median:.1f}",
-                     "tasks/s per CPU s": "-", "notes": notes})  # fmt: skip
-        print(rows[-1], flush=True)
+        for work, label, unit in yardsticks:
+            one, two = [], []
+            for _ in range(repeat):
+                one.append(pool.submit(work).result())
+                runs = [pool.submit(work) for _ in range(2)]
+                two.append(sum(run.result() for run in runs))
+            for name, rates in (("one process", one), ("two processes at once (the sum)", two)):
+                median = float(np.median(rates))
+                notes = f"{unit}; median of {len(rates)} runs, {min(rates):.1f} to {max(rates):.1f}"
+                rows.append({"case": f"{label}, {name}", "workers": "-", "tasks/s (wall)": f"{median:.1f}",
+                             "tasks/s per CPU s": "-", "notes": notes})  # fmt: skip
+                print(rows[-1], flush=True)
     return rows
 
 
