@@ -177,7 +177,8 @@ class LayoutTables:
         return self._centres[key]
 
     def centres(self, layout: BlockLayout, dtype: np.dtype | type = np.float64) -> np.ndarray:
-        """``layout.coordinates(lat, lon)`` from the tables: block centres ``[B, size, 2]``, 0 for padding slots."""
+        """``layout.coordinates(lat, lon)`` from the tables: block centres ``[B, size, 2]`` as ``dtype``, 0 for padding
+        slots."""
         out = np.zeros((len(layout.factor), layout.size, 2), dtype=dtype)
         for key, tasks in layout.groups().items():
             centres = self.layout_centres(key)
