@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from gridtnp.batch import Batch
 from gridtnp.data.tasks import Task
+from gridtnp.data.worker_memory import worker_init
 from gridtnp.registry import ConfigError, build_from_spec, register
 
 
@@ -247,8 +248,14 @@ class TaskDataModule(L.LightningDataModule):
         return FixedTaskSet(self.split_task(split), self.batch_size, num, self.seed, split)
 
     def loader_kwargs(self) -> dict[str, Any]:
-        """What every loader of this module shares: pre-batched tasks (``batch_size=None``), workers, pinned memory."""
-        return {"batch_size": None, "num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
+        """What every loader of this module shares: pre-batched tasks (``batch_size=None``), workers that keep
+        their freed memory for the next batch (``gridtnp.data.worker_memory``), pinned memory."""
+        return {
+            "batch_size": None,
+            "num_workers": self.num_workers,
+            "worker_init_fn": worker_init if self.num_workers > 0 else None,
+            "pin_memory": torch.cuda.is_available(),
+        }
 
     def train_dataloader(self) -> DataLoader:
         return _EpochLoader(

@@ -1,0 +1,57 @@
+"""DataLoader workers keep freed memory in their heap (``gridtnp.data.worker_memory``): a large array freed and
+allocated again reuses its pages instead of faulting in fresh ones."""
+
+from __future__ import annotations
+
+import ctypes
+import resource
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import IterableDataset
+
+from gridtnp.data.datamodules import SyntheticDataModule
+from gridtnp.data.worker_memory import keep_freed_memory, worker_init
+
+GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
+pytestmark = pytest.mark.skipif(not GLIBC, reason="mallopt's settings are glibc's")
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+class _ReturnedOnFree(IterableDataset):
+    """Yields how much of a freed 64 MiB array went back to the kernel (resident memory before less after)."""
+
+    def __iter__(self):
+        array = np.ones(16 * 2**20, dtype=np.float32)
+        before = _resident_bytes()
+        del array
+        yield torch.tensor(before - _resident_bytes())
+
+
+def _returned(init) -> int:
+    loader = torch.utils.data.DataLoader(_ReturnedOnFree(), batch_size=None, num_workers=1, worker_init_fn=init)
+    return int(next(iter(loader)))
+
+
+def test_a_worker_keeps_freed_arrays_for_the_next_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GRIDTNP_KEEP_FREED_MEMORY", raising=False)
+    # By default a large array is its own mapping, returned to the kernel when freed (and faulted in and zeroed
+    # again the next time); kept in the heap, its pages serve the next allocation.
+    assert _returned(None) > 48 * 2**20
+    assert _returned(worker_init) < 4 * 2**20
+
+
+def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRIDTNP_KEEP_FREED_MEMORY", "0")
+    assert keep_freed_memory() is False
+
+
+def test_the_loaders_set_it_in_workers_only() -> None:
+    assert SyntheticDataModule("gp1d", num_workers=2).loader_kwargs()["worker_init_fn"] is worker_init
+    assert SyntheticDataModule("gp1d", num_workers=0).loader_kwargs()["worker_init_fn"] is None
