@@ -199,8 +199,12 @@ def check_counts(where: str, counts: list[tuple[str, object, int]]) -> None:
 class TaskDataModule(L.LightningDataModule):
     """Loaders shared by every task DataModule: an endless training stream per rank and fixed val/test sets.
 
-    Subclasses say which task generator serves each split by overriding ``split_task``.
+    Subclasses say which task generator serves each split by overriding ``split_task``, and with
+    ``keep_freed_memory`` whether their DataLoader workers keep freed memory in their heap
+    (``gridtnp.data.worker_memory``): worth it where each batch allocates and frees arrays of many MiB.
     """
+
+    keep_freed_memory = False
 
     def __init__(
         self, batch_size: int, train_batches: int, val_batches: int, test_batches: int, seed: int, num_workers: int
@@ -248,12 +252,12 @@ class TaskDataModule(L.LightningDataModule):
         return FixedTaskSet(self.split_task(split), self.batch_size, num, self.seed, split)
 
     def loader_kwargs(self) -> dict[str, Any]:
-        """What every loader of this module shares: pre-batched tasks (``batch_size=None``), workers that keep
-        their freed memory for the next batch (``gridtnp.data.worker_memory``), pinned memory."""
+        """What every loader of this module shares: pre-batched tasks (``batch_size=None``), workers (keeping
+        their freed memory for the next batch where ``keep_freed_memory``), pinned memory."""
         return {
             "batch_size": None,
             "num_workers": self.num_workers,
-            "worker_init_fn": worker_init if self.num_workers > 0 else None,
+            "worker_init_fn": worker_init if self.num_workers > 0 and self.keep_freed_memory else None,
             "pin_memory": torch.cuda.is_available(),
         }
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset
 
+from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.datamodules import SyntheticDataModule
 from gridtnp.data.worker_memory import keep_freed_memory, worker_init
 
@@ -52,6 +53,7 @@ def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert keep_freed_memory() is False
 
 
-def test_the_loaders_set_it_in_workers_only() -> None:
-    assert SyntheticDataModule("gp1d", num_workers=2).loader_kwargs()["worker_init_fn"] is worker_init
-    assert SyntheticDataModule("gp1d", num_workers=0).loader_kwargs()["worker_init_fn"] is None
+def test_the_station_task_sets_it_in_its_workers_only() -> None:
+    assert StationReanalysisDataModule(num_workers=2).loader_kwargs()["worker_init_fn"] is worker_init
+    assert StationReanalysisDataModule(num_workers=0).loader_kwargs()["worker_init_fn"] is None
+    assert SyntheticDataModule("gp1d", num_workers=2).loader_kwargs()["worker_init_fn"] is None

@@ -133,6 +133,10 @@ class StationReanalysisDataModule(StoreDataModule):
             after the context in each task's random order; null: ``targets`` decides.
     """
 
+    # A task reads whole fields (4 MiB a step at global 0.25 degree) and sums them in blocks: returned to the
+    # kernel and faulted in again, those arrays cost a quarter of a worker's CPU (docs/data.md, "The loaders").
+    keep_freed_memory = True
+
     def __init__(
         self,
         store: str | None = None,
