@@ -4,8 +4,11 @@ allocated again reuses its pages instead of faulting in fresh ones."""
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from gridtnp.data.worker_memory import keep_freed_memory, worker_init
 
 GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
 pytestmark = pytest.mark.skipif(not GLIBC, reason="mallopt's settings are glibc's")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _resident_bytes() -> int:
@@ -40,12 +44,18 @@ def _returned(init) -> int:
     return int(next(iter(loader)))
 
 
-def test_a_worker_keeps_freed_arrays_for_the_next_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GRIDTNP_KEEP_FREED_MEMORY", raising=False)
+def test_a_worker_keeps_freed_arrays_for_the_next_batch() -> None:
     # By default a large array is its own mapping, returned to the kernel when freed (and faulted in and zeroed
-    # again the next time); kept in the heap, its pages serve the next allocation.
-    assert _returned(None) > 48 * 2**20
-    assert _returned(worker_init) < 4 * 2**20
+    # again the next time); kept in the heap, its pages serve the next allocation. The workers fork from a fresh
+    # interpreter: a worker inherits its parent's malloc state, which other tests in this process change.
+    code = (
+        "from tests.data.test_worker_memory import _returned, worker_init; "
+        "print(_returned(None), _returned(worker_init))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRIDTNP_KEEP_FREED_MEMORY"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    default, kept = map(int, run.stdout.split())
+    assert default > 48 * 2**20 and kept < 4 * 2**20, (default, kept)
 
 
 def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
