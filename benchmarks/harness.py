@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import ctypes
 import math
 import os
 import platform
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from gridtnp.nn.chunking import release_cpu_memory
 from gridtnp.training.compiling import CompiledModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,8 +77,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device) / 2**20
             return
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)  # return freed heap pages so RSS reflects live memory
+        release_cpu_memory()  # return freed heap pages so RSS reflects live memory
         if self.kind == "vmhwm" and self._reset_hwm():
             self.baseline = (self._status_kib("VmRSS") or 0.0) / 1024
         else:

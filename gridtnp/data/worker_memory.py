@@ -19,6 +19,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+from gridtnp.libc import c_function
+
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
 TRIM_THRESHOLD = 2**30  # freed memory kept in the heap before any is returned to the kernel
@@ -28,9 +30,8 @@ def keep_freed_memory() -> bool:
     """Serve allocations from the heap and keep freed memory there (glibc); whether malloc took both settings."""
     if os.environ.get("GRIDTNP_KEEP_FREED_MEMORY", "1") == "0":
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # no C library symbols to look up, or no mallopt in it
+    mallopt = c_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 when it takes a setting (musl's stub returns 0: nothing changes there).

@@ -9,14 +9,13 @@ tensors at a time. On the CPU, freed heap pages are handed back to the OS every 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from collections.abc import Callable
 from typing import TypeVar
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from gridtnp.libc import c_function
 
 T = TypeVar("T")
 
@@ -27,15 +26,6 @@ DEFAULT_MAX_PAIRS = 2**16
 RELEASE_EVERY = 16
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` where the C library has it (Linux), else None."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-
-
 def release_cpu_memory() -> None:
     """Return freed heap pages to the OS (glibc ``malloc_trim(0)``; a no-op elsewhere).
 
@@ -44,7 +34,7 @@ def release_cpu_memory() -> None:
     chunk buffers then stay resident and the process's memory grows with the number of chunks although the live
     tensors do not. Trimming every ``RELEASE_EVERY`` chunks keeps the resident size bounded.
     """
-    trim = _malloc_trim()
+    trim = c_function("malloc_trim")
     if trim is not None:
         trim(0)
 

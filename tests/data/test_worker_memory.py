@@ -3,7 +3,6 @@ allocated again reuses its pages instead of faulting in fresh ones."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import subprocess
@@ -18,8 +17,9 @@ from torch.utils.data import IterableDataset
 from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.datamodules import SyntheticDataModule
 from gridtnp.data.worker_memory import keep_freed_memory, worker_init
+from gridtnp.libc import c_function
 
-GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
+GLIBC = c_function("gnu_get_libc_version") is not None
 pytestmark = pytest.mark.skipif(not GLIBC, reason="mallopt's settings are glibc's")
 ROOT = Path(__file__).resolve().parents[2]
 
