@@ -34,8 +34,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from gridtnp.batch import Batch
+from gridtnp.data.freed_memory import worker_init
 from gridtnp.data.tasks import Task
-from gridtnp.data.worker_memory import worker_init
 from gridtnp.registry import ConfigError, build_from_spec, register
 
 
@@ -201,7 +201,7 @@ class TaskDataModule(L.LightningDataModule):
 
     Subclasses say which task generator serves each split by overriding ``split_task``, and with
     ``keep_freed_memory`` whether their DataLoader workers keep freed memory in their heap
-    (``gridtnp.data.worker_memory``): worth it where each batch allocates and frees arrays of many MiB.
+    (``gridtnp.data.freed_memory``): worth it where each batch allocates and frees arrays of many MiB.
     """
 
     keep_freed_memory = False

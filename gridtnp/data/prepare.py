@@ -34,6 +34,7 @@ import xarray as xr
 
 from gridtnp.data.archive import parse_region
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
+from gridtnp.data.freed_memory import keep_freed_memory
 from gridtnp.data.input_checks import check_writable
 from gridtnp.data.inputs import (
     NETCDF_CHUNK_CACHE,
@@ -345,6 +346,7 @@ def data_main(argv: Sequence[str]) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     opts = parser.parse_args(list(argv))
+    keep_freed_memory()  # this process is prepare's own: every block's arrays reuse the last block's pages
     if opts.append:
         from gridtnp.data.append import append
 

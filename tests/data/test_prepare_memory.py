@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PEAK = """
 import json, sys
 from gridtnp.data import prepare as module
+from gridtnp.data.freed_memory import keep_freed_memory
+
+keep_freed_memory()  # as the command does
 
 def mb(field):
     with open("/proc/self/status") as status:
@@ -54,6 +57,7 @@ def daily_files(folder: Path, count: int) -> list[str]:
 
 def peak(out: Path, files: list[str], cache: int, time_chunk: int, block: int, region: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GRIDTNP_KEEP_FREED_MEMORY", None)
     args = [sys.executable, "-c", PEAK, str(out), str(cache), f"{time_chunk},{block},{region}", *files]
     proc = subprocess.run(args, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,5 @@
-"""DataLoader workers keep freed memory in their heap (``gridtnp.data.worker_memory``): a large array freed and
-allocated again reuses its pages instead of faulting in fresh ones."""
+"""DataLoader workers and ``gridtnp data prepare`` keep freed memory in their heap (``gridtnp.data.freed_memory``):
+a large array freed and allocated again reuses its pages instead of faulting in fresh ones."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+import xarray as xr
 from torch.utils.data import IterableDataset
 
 from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.datamodules import SyntheticDataModule
-from gridtnp.data.worker_memory import keep_freed_memory, worker_init
+from gridtnp.data.freed_memory import keep_freed_memory, worker_init
 from gridtnp.libc import c_function
 
 GLIBC = c_function("gnu_get_libc_version") is not None
@@ -39,6 +41,14 @@ class _ReturnedOnFree(IterableDataset):
         yield torch.tensor(before - _resident_bytes())
 
 
+def _returned_here() -> int:
+    """How much of a freed 64 MiB array this process gave back to the kernel."""
+    array = np.ones(16 * 2**20, dtype=np.float32)
+    before = _resident_bytes()
+    del array
+    return before - _resident_bytes()
+
+
 def _returned(init) -> int:
     loader = torch.utils.data.DataLoader(_ReturnedOnFree(), batch_size=None, num_workers=1, worker_init_fn=init)
     return int(next(iter(loader)))
@@ -49,13 +59,33 @@ def test_a_worker_keeps_freed_arrays_for_the_next_batch() -> None:
     # again the next time); kept in the heap, its pages serve the next allocation. The workers fork from a fresh
     # interpreter: a worker inherits its parent's malloc state, which other tests in this process change.
     code = (
-        "from tests.data.test_worker_memory import _returned, worker_init; "
+        "from tests.data.test_freed_memory import _returned, worker_init; "
         "print(_returned(None), _returned(worker_init))"
     )
     env = {k: v for k, v in os.environ.items() if k != "GRIDTNP_KEEP_FREED_MEMORY"}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     default, kept = map(int, run.stdout.split())
     assert default > 48 * 2**20 and kept < 4 * 2**20, (default, kept)
+
+
+def test_the_prepare_command_keeps_freed_memory_in_its_own_process(tmp_path: Path) -> None:
+    lat, lon = np.arange(-2.0, 2.5, 1.0), np.arange(0.0, 4.0, 1.0)
+    time_axis = pd.date_range("2020-01-01", periods=4, freq="h")
+    values = np.ones((4, len(lat), len(lon)), np.float32)
+    ds = xr.Dataset({"t2m": (("time", "latitude", "longitude"), values)}, coords={"time": time_axis,
+                    "latitude": lat, "longitude": lon})  # fmt: skip
+    ds.to_netcdf(tmp_path / "in.nc")
+    code = (
+        "import sys; from gridtnp.cli import main; from tests.data.test_freed_memory import _returned_here; "
+        "before = _returned_here(); main(['data', 'prepare', sys.argv[1], '--out', sys.argv[2], '--quiet']); "
+        "print(before, _returned_here())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRIDTNP_KEEP_FREED_MEMORY"}
+    args = [sys.executable, "-c", code, str(tmp_path / "in.nc"), str(tmp_path / "out.zarr")]
+    run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    default, kept = map(int, run.stdout.split())
+    assert default > 48 * 2**20 and kept < 4 * 2**20, (default, kept)
+    assert (tmp_path / "out.zarr").is_dir()
 
 
 def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
