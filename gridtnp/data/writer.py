@@ -67,22 +67,25 @@ class HourlySums:
         self.steps = np.zeros(24, dtype=np.int64)
         self.missing: dict[str, np.ndarray] = {}
 
-    def add(self, v: str, values: np.ndarray, hours: np.ndarray, count_steps: bool) -> None:
+    def add(self, v: str, values: np.ndarray, hours: np.ndarray, count_steps: bool, finite: bool | None = None) -> None:
         """Fold in ``values [T, ...]`` (float32) of variable ``v`` at UTC hours ``hours [T]``; ``count_steps`` once
-        per block (the steps are shared by the variables)."""
+        per block (the steps are shared by the variables); ``finite``: whether every value is known to be finite
+        (None: checked here)."""
+        if finite is None:
+            finite = bool(np.isfinite(values).all())
+        if count_steps:
+            np.add.at(self.steps, hours, 1)
+        if finite:  # a step at a time, added as it is: no copies, no float64 temporaries
+            for step, h in zip(values, hours.tolist(), strict=True):
+                np.add(self.sums[v][h], step, out=self.sums[v][h])
+            return
         for h in np.unique(hours):
             x = values[hours == h]
-            finite = np.isfinite(x)
-            if finite.all():
-                total = self.sums[v][h]
-                np.add(total, x[0] if len(x) == 1 else x.sum(0, dtype=np.float64), out=total)  # no float64 copy of x
-            else:
-                if v not in self.missing:
-                    self.missing[v] = np.zeros(self.sums[v].shape, dtype=np.int32)  # up to 245,000 years
-                self.sums[v][h] += np.where(finite, x, 0.0).sum(0, dtype=np.float64)
-                self.missing[v][h] += (~finite).sum(0, dtype=np.int32)
-            if count_steps:
-                self.steps[h] += len(x)
+            ok = np.isfinite(x)
+            if v not in self.missing:
+                self.missing[v] = np.zeros(self.sums[v].shape, dtype=np.int32)  # up to 245,000 years
+            self.sums[v][h] += np.where(ok, x, 0.0).sum(0, dtype=np.float64)
+            self.missing[v][h] += (~ok).sum(0, dtype=np.int32)
 
     def means(self, ds: xr.Dataset) -> xr.Dataset:
         """The hourly means ``[hour, ..., lat, lon]`` (float32, NaN where no finite value) of the hours that had
@@ -129,29 +132,33 @@ class _Moments:
         self.mean = np.zeros(levels)
         self.m2 = np.zeros(levels)
 
-    def add(self, values: np.ndarray, level_axis: int | None) -> None:
+    def add(self, values: np.ndarray, level_axis: int | None) -> bool:
         """Fold in ``values [T, (L,) H, W]`` (float32), per level when ``level_axis`` is given, a few time steps
-        at a time (float64 copies of a whole block would take several times its memory)."""
+        at a time (float64 copies of a whole block would take several times its memory); whether every value was
+        finite."""
         per_step = max(1, int(np.prod(values.shape[1:])))
         step = max(1, MOMENT_ELEMENTS // per_step)
+        finite = True
         for t in range(0, values.shape[0], step):
-            self._add(values[t : t + step], level_axis)
+            finite &= self._add(values[t : t + step], level_axis)
+        return finite
 
-    def _add(self, values: np.ndarray, level_axis: int | None) -> None:
+    def _add(self, values: np.ndarray, level_axis: int | None) -> bool:
         x = values.reshape(1, -1) if level_axis is None else np.moveaxis(values, level_axis, 0)
         x = x.reshape(x.shape[0], -1)
-        finite = np.isfinite(x)
+        total = x.sum(1, dtype=np.float64)
+        finite = bool(np.isfinite(total).all())  # a float64 sum of float32 values is finite only if every value is
         with np.errstate(invalid="ignore", divide="ignore"):
-            if finite.all():  # the common case: float64 sums without a float64 copy of x or masked copies
+            if finite:  # the common case: float64 sums without a float64 copy of x or masked copies
                 n = np.full(x.shape[0], float(x.shape[1]))
-                mean = x.sum(1, dtype=np.float64) / n
-                deviation = np.subtract(x, mean[:, None], dtype=np.float64)
-                m2 = np.einsum("ij,ij->i", deviation, deviation)
+                mean = total / n
+                m2 = np.array([_squared_deviations(row, mu) for row, mu in zip(x, mean.tolist(), strict=True)])
             else:
                 x = x.astype(np.float64)
-                n = finite.sum(1).astype(np.float64)
-                mean = np.where(finite, x, 0.0).sum(1) / n
-                m2 = np.where(finite, (x - mean[:, None]) ** 2, 0.0).sum(1)
+                ok = np.isfinite(x)
+                n = ok.sum(1).astype(np.float64)
+                mean = np.where(ok, x, 0.0).sum(1) / n
+                m2 = np.where(ok, (x - mean[:, None]) ** 2, 0.0).sum(1)
         ok = n > 0
         total = self.n + n
         delta = np.where(ok, mean - self.mean, 0.0)
@@ -160,6 +167,7 @@ class _Moments:
         self.m2 = self.m2 + np.where(ok, m2, 0.0) + delta**2 * self.n * share
         self.mean = self.mean + delta * share
         self.n = total
+        return finite
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         """``(mean [L], std [L])``, NaN where no finite value was seen."""
@@ -174,6 +182,21 @@ class _Moments:
         out = cls(len(state["n"]))
         out.n, out.mean, out.m2 = (np.asarray(state[k], dtype=np.float64) for k in ("n", "mean", "m2"))
         return out
+
+
+SQUARES_ELEMENTS = 2**15  # values per float64 pass of the squared deviations (256 KiB: in the core's cache)
+
+
+def _squared_deviations(x: np.ndarray, mean: float) -> float:
+    """``sum((x - mean) ** 2)`` of ``x [N]`` (float32) in float64, a cache-sized piece at a time: the same as one
+    float64 pass without its float64 copy of ``x`` going through memory."""
+    buffer = np.empty(min(len(x), SQUARES_ELEMENTS))
+    total = 0.0
+    for i in range(0, len(x), SQUARES_ELEMENTS):
+        piece = buffer[: min(SQUARES_ELEMENTS, len(x) - i)]
+        d = np.subtract(x[i : i + SQUARES_ELEMENTS], mean, out=piece, dtype=np.float64)  # not float32's mean
+        total += float(np.einsum("i,i->", d, d))  # not BLAS: its threads would contend with the reading thread
+    return total
 
 
 class BlockReader:
@@ -275,9 +298,9 @@ def write_blocks(
                 lo, hi = max(a, train[0]), min(b, train[1])
                 if lo < hi:
                     part = values[lo - a : hi - a]
-                    moments[v].add(part, level_axis[v])
+                    finite = moments[v].add(part, level_axis[v])
                     if clim is not None:
-                        clim.add(v, part, hour_of_day[lo:hi], count_steps=i == 0)
+                        clim.add(v, part, hour_of_day[lo:hi], count_steps=i == 0, finite=finite)
             now = time.perf_counter()
             if write and (now - last_save >= checkpoint_s or index == len(starts) - 1):
                 save_state(store, fingerprint, index + 1, moments, clim)

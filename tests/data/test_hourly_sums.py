@@ -1,5 +1,6 @@
-"""The writer's hourly climatology sums: float64 sums of float32 blocks, per-point counts only for variables with
-gaps; the stored means equal a float64 reference up to float32 rounding, across blocks and a checkpoint."""
+"""The writer's statistics: the hourly climatology sums (float64 sums of float32 blocks, per-point counts only for
+variables with gaps; the stored means equal a float64 reference up to float32 rounding, across blocks and a
+checkpoint) and the running mean and std per variable and level."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import pytest
 import xarray as xr
 
-from gridtnp.data.writer import HourlySums
+from gridtnp.data import writer
+from gridtnp.data.writer import HourlySums, _Moments
 
 
 def _data(steps: int = 24 * 5) -> xr.Dataset:
@@ -68,3 +71,24 @@ def test_a_checkpoint_restores_the_sums_and_counts() -> None:
     a, b = whole.means(ds), resumed.means(ds)
     for v in ("t2m", "sst"):
         np.testing.assert_array_equal(a[v].values, b[v].values)
+
+
+@pytest.mark.parametrize("gaps", [False, True])
+def test_running_moments_equal_the_float64_reference_per_level(monkeypatch: pytest.MonkeyPatch, gaps: bool) -> None:
+    # Pieces smaller than a block and cache-sized passes smaller than a piece: every merge path is taken.
+    monkeypatch.setattr(writer, "MOMENT_ELEMENTS", 3 * 5 * 7)
+    monkeypatch.setattr(writer, "SQUARES_ELEMENTS", 16)
+    rng = np.random.default_rng(1)
+    values = (250.0 + 20.0 * rng.standard_normal((40, 3, 5, 7)) + 10.0 * np.arange(3)[:, None, None]).astype(np.float32)
+    if gaps:
+        values[rng.random(values.shape) < 0.3] = np.nan
+    per_level, pooled = _Moments(3), _Moments(1)
+    finite = [per_level.add(values[a : a + 9], level_axis=1) for a in range(0, 40, 9)]
+    for a in range(0, 40, 9):
+        pooled.add(values[a : a + 9], level_axis=None)
+    assert all(finite) is not gaps
+    reference = np.moveaxis(values, 1, 0).reshape(3, -1).astype(np.float64)
+    mean, std = per_level.result()
+    np.testing.assert_allclose(mean, np.nanmean(reference, axis=1), rtol=1e-12)
+    np.testing.assert_allclose(std, np.nanstd(reference, axis=1), rtol=1e-10)
+    np.testing.assert_allclose(pooled.result()[1], [np.nanstd(reference)], rtol=1e-10)
