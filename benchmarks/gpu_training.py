@@ -166,7 +166,9 @@ def main() -> None:
                               f"{r['tasks_per_cpu_s']:.1f} tasks per CPU s"})  # fmt: skip
         print(rows[-1], flush=True)
         write()
-    if args.minutes <= 0:
+    if args.minutes <= 0:  # the store (and the loader) only
+        if rows:
+            write()
         return
     run = args.run or Path("runs/gpu_training") / args.recipe.stem
     result = fit(config, run, args.minutes, args.precision)
