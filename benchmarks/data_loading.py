@@ -322,7 +322,55 @@ def scale_main(args: argparse.Namespace) -> None:
                             "notes": f"batch {runs[0]['batch']}, {runs[0]['timed']} batches timed{spread}",
                         }
                     )
+    rows += gpu_rows(rows)
+    for row in rows[-2:]:
+        print(row["case"], row["tasks/s (wall)"], row["notes"])
     write_scale_table(args, rows)
+
+
+def gpu_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What one GPU consumes of the station task (the highest ``gridtnp fit (consumed)`` rate per device recorded in
+    ``benchmarks/results/gpu_training_global_*.csv``) against the cores that feed it: of this machine, at the
+    station task's rates in ``rows`` (tasks per CPU second), and of the GPU's own host, at its DataLoader's."""
+    import csv
+    import re
+
+    consumed: dict[str, tuple[float, str]] = {}
+    host: dict[str, list[tuple[int, float]]] = {}  # device -> [(workers, tasks per CPU s)] of its DataLoader alone
+    for path in sorted((ROOT / "benchmarks" / "results").glob("gpu_training_global_*.csv")):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                rate = float(row["tasks/s"]) if row["tasks/s"] not in ("", "-") else 0.0
+                if row["measure"].startswith("gridtnp fit") and rate > consumed.get(row["device"], (0.0, ""))[0]:
+                    consumed[row["device"]] = (rate, path.name)
+                per_cpu = re.search(r"([\d.]+) tasks per CPU s", row["notes"])
+                if row["measure"].startswith("training DataLoader") and per_cpu:
+                    host.setdefault(row["device"], []).append((int(row["workers"]), float(per_cpu.group(1))))
+    station = [r for r in rows if "station task" in r["case"] and r["workers"] != "-"]
+    out = []
+    for device, (rate, name) in consumed.items():
+        here = "; ".join(
+            f"{r['case'].split(':')[0]} with {r['workers']} workers: {rate / float(r['tasks/s per CPU s']):.1f}"
+            for r in station
+        )
+        by_workers: dict[int, list[float]] = {}
+        for w, per_cpu in host.get(device, []):
+            by_workers.setdefault(w, []).append(rate / per_cpu)
+        there = "; ".join(
+            f"{w} workers: " + (f"{min(n):.1f}" if len(set(n)) == 1 else f"{min(n):.1f} to {max(n):.1f}")
+            for w, n in sorted(by_workers.items())
+        )
+        out.append(
+            {
+                "case": f"one {device} consumes: era5_swin_global, bf16-mixed ({name})",
+                "workers": "-",
+                "tasks/s (wall)": f"{rate:.1f}",
+                "tasks/s per CPU s": "-",
+                "notes": f"cores that feed it, of this machine at the station task's rates above: {here}"
+                + (f"; of its own host, at its DataLoader's rate alone: {there}" if there else ""),
+            }
+        )
+    return out
 
 
 def _station_rate(store: str, station: dict[str, Any], common: dict[str, Any], workers: int, batches: int) -> float:
