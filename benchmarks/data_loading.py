@@ -322,9 +322,9 @@ def scale_main(args: argparse.Namespace) -> None:
                             "notes": f"batch {runs[0]['batch']}, {runs[0]['timed']} batches timed{spread}",
                         }
                     )
-    rows += gpu_rows(rows)
-    for row in rows[-2:]:
+    for row in gpu_rows(rows):
         print(row["case"], row["tasks/s (wall)"], row["notes"])
+        rows.append(row)
     write_scale_table(args, rows)
 
 

@@ -10,16 +10,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-import xarray as xr
 from torch.utils.data import IterableDataset
 
 from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.datamodules import SyntheticDataModule
 from gridtnp.data.freed_memory import keep_freed_memory, worker_init
 from gridtnp.libc import c_function
+from tests.data.test_prepare import synthetic, write_nc
 
 GLIBC = c_function("gnu_get_libc_version") is not None
 pytestmark = pytest.mark.skipif(not GLIBC, reason="mallopt's settings are glibc's")
@@ -31,22 +30,19 @@ def _resident_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-class _ReturnedOnFree(IterableDataset):
-    """Yields how much of a freed 64 MiB array went back to the kernel (resident memory before less after)."""
-
-    def __iter__(self):
-        array = np.ones(16 * 2**20, dtype=np.float32)
-        before = _resident_bytes()
-        del array
-        yield torch.tensor(before - _resident_bytes())
-
-
 def _returned_here() -> int:
-    """How much of a freed 64 MiB array this process gave back to the kernel."""
+    """How much of a freed 64 MiB array this process gave back to the kernel (resident memory before less after)."""
     array = np.ones(16 * 2**20, dtype=np.float32)
     before = _resident_bytes()
     del array
     return before - _resident_bytes()
+
+
+class _ReturnedOnFree(IterableDataset):
+    """Yields ``_returned_here()`` measured in a DataLoader worker."""
+
+    def __iter__(self):
+        yield torch.tensor(_returned_here())
 
 
 def _returned(init) -> int:
@@ -69,12 +65,7 @@ def test_a_worker_keeps_freed_arrays_for_the_next_batch() -> None:
 
 
 def test_the_prepare_command_keeps_freed_memory_in_its_own_process(tmp_path: Path) -> None:
-    lat, lon = np.arange(-2.0, 2.5, 1.0), np.arange(0.0, 4.0, 1.0)
-    time_axis = pd.date_range("2020-01-01", periods=4, freq="h")
-    values = np.ones((4, len(lat), len(lon)), np.float32)
-    ds = xr.Dataset({"t2m": (("time", "latitude", "longitude"), values)}, coords={"time": time_axis,
-                    "latitude": lat, "longitude": lon})  # fmt: skip
-    ds.to_netcdf(tmp_path / "in.nc")
+    write_nc(synthetic(np.arange(-2.0, 2.5, 1.0), np.arange(0.0, 4.0, 1.0)), tmp_path / "in.nc")
     code = (
         "import sys; from gridtnp.cli import main; from tests.data.test_freed_memory import _returned_here; "
         "before = _returned_here(); main(['data', 'prepare', sys.argv[1], '--out', sys.argv[2], '--quiet']); "
