@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from gridtnp.data.archive import parse_region
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
-from gridtnp.data.inputs import Selection, open_sources
+from gridtnp.data.inputs import Selection, axis_summary, open_sources
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR, DataError, iso, select_time
-from gridtnp.data.output_store import finish_store, is_prepared_store, stats_attr, to_float32
+from gridtnp.data.output_store import as_written, finish_store, is_prepared_store, stats_attr
 from gridtnp.data.writer import STATE, clear_state, save_state, state_matches, write_blocks
 
 
@@ -39,9 +40,15 @@ def append(
     progress: bool = True,
     checkpoint_s: float = 30.0,
     block_steps: int | None = None,
+    end: str | None = None,
+    region: str | Sequence[float] | None = None,
+    levels: Sequence[float] | None = None,
+    coarsen: int | None = None,
 ) -> Path:
-    """Append the steps of ``inputs`` after ``store``'s last one; statistics kept or, with ``recompute_stats``,
-    recomputed over ``[train_start, train_end]`` (default: the recorded training period)."""
+    """Append the steps of ``inputs`` after ``store``'s last one, up to ``end`` (inclusive; default: the inputs'
+    last step, or an archive's last day of final data); statistics kept or, with ``recompute_stats``, recomputed
+    over ``[train_start, train_end]`` (default: the recorded training period). The inputs are cut to the store's
+    ``region``, ``levels`` and ``coarsen`` factor, as recorded by the prepare that wrote it (or as given)."""
     import zarr
 
     log = print if progress else (lambda *a, **k: None)
@@ -57,17 +64,21 @@ def append(
     length = int(json.loads(state_path.read_text())["fingerprint"]["offset"]) if resuming else old.sizes["time"]
     last = old.indexes["time"][length - 1]
 
-    selection = Selection(storage_options=storage_options)
+    recorded = dict(old.attrs.get(PROVENANCE_ATTR, {}).get("selection") or {})
+    box = parse_region(region) if region is not None else _recorded_region(recorded)
+    if levels is None:
+        levels = recorded.get("levels") or (list(old["level"].values) if "level" in old.dims else None)
+    coarsen = coarsen if coarsen is not None else int(recorded.get("coarsen", 1))
+    selection = Selection(None, end, box, levels, storage_options, after=np.datetime64(last))
     source = open_sources(inputs, names, steps, selection)
     try:
-        new = to_float32(source)
-        new = new.isel(time=np.flatnonzero(new.indexes["time"] > last))
-        if new.sizes["time"] == 0:
-            raise DataError(f"{', '.join(map(str, inputs))}: no time step after the store's last one ({iso(last)}).")
+        new = as_written(source, coarsen)
         for dim in ("latitude", "longitude"):
             if not np.array_equal(new[dim].values, old[dim].values):
                 raise DataError(
-                    f"{', '.join(map(str, inputs))}: the {dim} axis differs from the store's; expected the same grid."
+                    f"{', '.join(map(str, inputs))}: the {dim} axis ({axis_summary(new[dim].values)}) differs from "
+                    f"the store's ({axis_summary(old[dim].values)}); expected the same grid. Pass the --region and "
+                    "--coarsen the store was prepared with."
                 )
         new = new[names].chunk({d: (steps if d == "time" else -1) for d in new.dims})
         new.attrs = dict(old.attrs)  # xarray's append rewrites the root attributes with these
@@ -98,7 +109,11 @@ def append(
     attrs = dict(group.attrs)
     stats, provenance = dict(attrs[STATS_ATTR]), dict(attrs[PROVENANCE_ATTR])
     provenance.setdefault("appended", []).append(
-        {"sources": [str(p) for p in inputs], "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        {
+            "sources": [str(p) for p in inputs],
+            "end": iso(new.time.values[-1]),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
     )
     extra: dict[str, Any] = {}
     if recompute_stats:
@@ -106,6 +121,11 @@ def append(
     finish_store(path, stats, provenance, extra)
     log(f"gridtnp data prepare: {path} now covers {iso(xr.open_zarr(path).time.values[-1])}")
     return path
+
+
+def _recorded_region(recorded: dict[str, Any]) -> tuple[float, float, float, float] | None:
+    box = recorded.get("region")
+    return None if box is None else parse_region(box)
 
 
 def _recompute(

@@ -10,16 +10,18 @@ per chunk. ``gridtnp data prepare`` takes its variables by either name of ``NAME
   variable ``u`` with its level dimension cut to those levels.
 
 * ``NAMES``: archive name -> short name (the table in docs/data.md); ``resolve(ds, requested)``: what each requested
-  name reads (``Pick``); ``raw_variables(picks)``: the archive variables to keep before normalising.
+  name reads (``Pick``); ``raw_variables(picks)`` and ``level_indices(ds, picks, levels)``: the archive variables
+  and levels to keep before normalising.
 * ``select_part(ds, picks, levels, start, end, region)``: one normalised input cut to the request, lazily;
   ``parse_region(text)``: ``"lat_min,lat_max,lon_min,lon_max"`` -> floats (``lon_min > lon_max``: across the date
-  line).
+  line); ``valid_dates(attrs, start, end, where)``: the request kept to the hours an archive says hold data.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,6 +117,25 @@ def level_dim(var: xr.DataArray) -> str | None:
     return next((str(d) for d in var.dims if str(d) in LEVEL_DIMS), None)
 
 
+def level_indices(ds: xr.Dataset, picks: Sequence[Pick], levels: Sequence[float] | None) -> dict[str, list[int]]:
+    """Per level dimension of the picked variables of ``ds``, the indices of the levels they read, in stored order
+    (a dimension some pick reads whole is left out); levels not in ``ds`` are refused later, by ``select_part``."""
+    wanted: dict[str, set[float] | None] = {}
+    for p in picks:
+        dim = level_dim(ds[p.source])
+        if dim is None:
+            continue
+        values = {p.level} if p.level is not None else (set(levels) if levels is not None else None)
+        before = wanted.get(dim, set())
+        wanted[dim] = None if values is None or before is None else before | values
+    out = {}
+    for dim, values in wanted.items():
+        if values is not None:
+            stored = ds[dim].values.astype(np.float64)
+            out[dim] = [i for i, v in enumerate(stored) if any(np.isclose(v, w) for w in values)]
+    return out
+
+
 def raw_variables(picks: Sequence[Pick]) -> list[str]:
     """The input variables the picks read, once each."""
     return list(dict.fromkeys(p.source for p in picks))
@@ -131,6 +152,45 @@ def parse_region(text: str | Sequence[float]) -> tuple[float, float, float, floa
     if not -90 <= lat_min <= lat_max <= 90:
         raise DataError(f"--region {text!r}: expected -90 <= lat_min <= lat_max <= 90.")
     return lat_min, lat_max, lon_min, lon_max
+
+
+# ARCO-ERA5 pads its time axis years past today (the padding reads as NaN) and names the hours that hold data.
+VALID_START, VALID_STOP, VALID_STOP_ERA5T = "valid_time_start", "valid_time_stop", "valid_time_stop_era5t"
+
+
+def valid_dates(
+    attrs: Mapping[str, object], start: str | None, end: str | None, where: str
+) -> tuple[str | None, str | None]:
+    """``(start, end)`` kept to the hours an archive holds data for, by its attributes ``valid_time_start``,
+    ``valid_time_stop`` (the last day of final ERA5) and ``valid_time_stop_era5t`` (of preliminary ERA5T, which
+    ECMWF may still revise): unset bounds become the final period's, a request outside the data is refused, and
+    hours of ERA5T are kept with a warning. Inputs without these attributes are returned as they are."""
+    first_text, final_text = attrs.get(VALID_START), attrs.get(VALID_STOP)
+    if first_text is None and final_text is None:
+        return start, end
+    first = date_bounds(str(first_text), VALID_START)[0] if first_text is not None else None
+    final = date_bounds(str(final_text), VALID_STOP)[1] if final_text is not None else None
+    era5t_text = attrs.get(VALID_STOP_ERA5T)
+    era5t = date_bounds(str(era5t_text), VALID_STOP_ERA5T)[1] if era5t_text is not None else None
+    held = f"{where} holds data from {first_text or 'its first step'} to {final_text or 'its last step'}"
+    if era5t is not None:
+        held += f" (preliminary ERA5T to {era5t_text})"
+    if first is not None and start is not None and date_bounds(start, "--start")[1] < first:
+        raise DataError(f"--start {start}: {held}; its earlier hours are empty. Choose a --start from {first_text}.")
+    if end is not None and final is not None and (last := date_bounds(end, "--end")[1]) > final:
+        if era5t is None or last > era5t:
+            raise DataError(f"--end {end}: {held}; its later hours are empty. Choose an earlier --end.")
+        warnings.warn(
+            f"--end {end}: the hours after {final_text} are preliminary ERA5T ({where}), which ECMWF may still "
+            "revise; prepare those days again once they are final.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return (start if start is not None else _text(first_text)), (end if end is not None else _text(final_text))
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def select_part(

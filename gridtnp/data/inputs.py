@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
-from gridtnp.data.archive import NAMES, Pick, raw_variables, resolve, select_part
+from gridtnp.data.archive import NAMES, Pick, level_indices, raw_variables, resolve, select_part, valid_dates
 from gridtnp.data.input_checks import check_units, normalise_checked
-from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, iso
+from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, date_bounds, iso
 from gridtnp.files import is_url
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
@@ -78,18 +79,22 @@ def open_sources(
         parts, kept = [], []
         for path in paths:
             opened.append(open_source(path, selection.storage_options if selection else None))
-            raw = _step_chunks(opened[-1])
             if selection is None:
-                part = normalise_checked(raw, str(path))
+                part = normalise_checked(_step_chunks(opened[-1]), str(path))
             else:
-                part = selection.cut(raw, variables, str(path))
+                part = selection.cut(opened[-1], variables, str(path))
                 if part.sizes["time"] == 0:
                     continue
             steps = time_chunk or auto_time_chunk(part)  # read as it will be written: no larger chunk in memory
             parts.append(part.chunk({dim: (steps if dim == "time" else -1) for dim in part.dims}))
             kept.append(path)
         if not parts:
-            raise DataError(f"{names}: no time step between --start {selection.start} and --end {selection.end}.")
+            window = (
+                f"after the store's last step ({iso(selection.after)})"
+                if selection.after is not None
+                else f"between --start {selection.start} and --end {selection.end}"
+            )
+            raise DataError(f"{names}: no time step {window}.")
         check_units(parts, kept)
         ds = parts[0] if len(parts) == 1 else _combine(parts, kept)
         if selection is not None and variables is not None:
@@ -105,26 +110,51 @@ def open_sources(
 @dataclass
 class Selection:
     """What ``gridtnp data prepare`` keeps of each input: dates ``[start, end]``, a ``region`` (lat_min, lat_max,
-    lon_min, lon_max; across the date line when lon_min > lon_max), ``levels`` of level variables, and the fsspec
-    ``storage_options`` of URL inputs."""
+    lon_min, lon_max; across the date line when lon_min > lon_max), ``levels`` of level variables, the fsspec
+    ``storage_options`` of URL inputs, and for ``--append`` only the steps ``after`` a time (the store's last)."""
 
     start: str | None = None
     end: str | None = None
     region: tuple[float, float, float, float] | None = None
     levels: Sequence[float] | None = None
     storage_options: dict[str, Any] | None = None
+    after: np.datetime64 | None = None
 
     def cut(self, raw: xr.Dataset, variables: Sequence[str] | None, where: str) -> xr.Dataset:
-        """One raw input: the requested variables (archive or short names), normalised, then cut, lazily."""
+        """One raw input as opened: the requested variables (archive or short names) and dates, chunked, normalised,
+        then cut to the region and levels, lazily."""
+        start, end = valid_dates(raw.attrs, self.start, self.end, where)
+        # Variables, levels and dates first, on the lazy backend arrays: chunked whole, an archive's 1.3 M hourly
+        # steps of dozens of variables would be a task graph of minutes and gigabytes, and every step of 37 levels
+        # (ARCO-ERA5 chunks a level variable's hour whole) would stay in memory for its one level read.
         if variables is None:  # every variable on time, latitude and longitude, under its short name
-            part = normalise_checked(raw, where)
+            part = normalise_checked(_step_chunks(_dates(raw, start, end, self.after)), where)
             gridded = [str(v) for v, da in part.data_vars.items() if set(DIMS) <= set(da.dims)]
             picks = [Pick(v, None, NAMES.get(v, v)) for v in gridded]
             part = part[gridded]
         else:
             picks = resolve(raw, variables, where)
-            part = normalise_checked(raw[raw_variables(picks)], where)
-        return select_part(part, picks, self.levels, self.start, self.end, self.region)
+            raw = raw[raw_variables(picks)].isel(level_indices(raw, picks, self.levels))
+            part = normalise_checked(_step_chunks(_dates(raw, start, end, self.after)), where)
+        if self.after is not None:
+            part = part.isel(time=np.flatnonzero(part.indexes["time"] > self.after))
+        return select_part(part, picks, self.levels, start, end, self.region)
+
+
+def _dates(raw: xr.Dataset, start: str | None, end: str | None, after: np.datetime64 | None = None) -> xr.Dataset:
+    """``raw``'s steps in ``[start, end]`` (inclusive dates) and after ``after``, where its time axis is ascending
+    datetimes; else all of it (normalising sorts and checks the axis, and the caller cuts it then)."""
+    if start is None and end is None and after is None:
+        return raw
+    name = next((str(d) for d in raw.dims if str(d).lower() in COORD_ALIASES["time"]), None)
+    index = raw.indexes.get(name) if name is not None else None
+    if not isinstance(index, pd.DatetimeIndex) or not index.is_monotonic_increasing:
+        return raw
+    first = index.searchsorted(date_bounds(start, "--start")[0]) if start is not None else 0
+    if after is not None:
+        first = max(first, index.searchsorted(after, side="right"))
+    stop = index.searchsorted(date_bounds(end, "--end")[1], side="right") if end is not None else len(index)
+    return raw.isel({name: slice(int(first), int(stop))})
 
 
 def _step_chunks(raw: xr.Dataset) -> xr.Dataset:
@@ -189,8 +219,8 @@ def _combine(parts: list[xr.Dataset], paths: Sequence[Any]) -> xr.Dataset:
         for dim in ("latitude", "longitude"):
             if not np.array_equal(part[dim].values, parts[0][dim].values):
                 raise DataError(
-                    f"{path}: its {dim} axis ({_axis_summary(part[dim].values)}) differs from {paths[0]}'s "
-                    f"({_axis_summary(parts[0][dim].values)}); expected every input on the same grid."
+                    f"{path}: its {dim} axis ({axis_summary(part[dim].values)}) differs from {paths[0]}'s "
+                    f"({axis_summary(parts[0][dim].values)}); expected every input on the same grid."
                 )
     groups: dict[tuple[str, ...], list[tuple[xr.Dataset, Any]]] = {}
     for part, path in zip(parts, paths, strict=True):
@@ -217,7 +247,8 @@ def _combine(parts: list[xr.Dataset], paths: Sequence[Any]) -> xr.Dataset:
         ) from err
 
 
-def _axis_summary(values: np.ndarray) -> str:
+def axis_summary(values: np.ndarray) -> str:
+    """``721 values, -90 to 90``: an axis in a message."""
     return f"{len(values)} values, {values[0]:g} to {values[-1]:g}" if len(values) else "empty"
 
 

@@ -61,6 +61,17 @@ def to_float32(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
+def as_written(source: xr.Dataset, coarsen: int = 1) -> xr.Dataset:
+    """The opened inputs as prepare writes them: float32 (``to_float32``), averaged over ``coarsen x coarsen`` blocks
+    of grid points (NaN-aware; coordinates the blocks' centres; a partial block at the end of an axis dropped)."""
+    if coarsen < 1:
+        raise DataError(f"--coarsen {coarsen}: expected a positive number of grid points per block.")
+    ds = to_float32(source)
+    if coarsen > 1:
+        ds = ds.coarsen(latitude=coarsen, longitude=coarsen, boundary="trim").mean(keep_attrs=True)
+    return ds
+
+
 def stats_attr(stats: dict[str, dict[str, Any]], train: xr.Dataset, inputs: Sequence[Any]) -> dict[str, Any]:
     first, last = iso(train.time.values[0]), iso(train.time.values[-1])
     out = {}

@@ -52,13 +52,13 @@ from gridtnp.data.layout import (
 )
 from gridtnp.data.output_store import (
     ZARR_FORMAT,
+    as_written,
     check_target,
     finish_store,
     provenance_attr,
     remove_leftovers,
     size_mb,
     stats_attr,
-    to_float32,
     zarr_major,
 )
 from gridtnp.data.writer import clear_state, state_matches, write_blocks
@@ -124,9 +124,7 @@ def prepare(
     with netcdf_chunk_cache(NETCDF_CHUNK_CACHE), _cluster(scheduler, log):
         source = open_sources(inputs, variables, time_chunk, selection)
         try:
-            ds = to_float32(source)
-            if coarsen > 1:  # NaN-aware block means; coordinates the blocks' centres; a partial edge block dropped
-                ds = ds.coarsen(latitude=coarsen, longitude=coarsen, boundary="trim").mean(keep_attrs=True)
+            ds = as_written(source, coarsen)
             space = space_chunks(ds, space_chunk)
             steps = min(time_chunk or auto_time_chunk(ds, space), ds.sizes["time"])
             ds = ds.chunk({dim: steps if dim == "time" else space.get(str(dim), -1) for dim in ds.dims})
@@ -169,7 +167,13 @@ def prepare(
             statistics = stats_attr(stats, train, inputs)
             extra = {CLIMATOLOGY_ATTR: write_climatology(partial, clim, train)} if clim is not None else {}
             provenance = provenance_attr(inputs, out_path, variables, train_start, train_end, steps, climatology)
-            provenance["command"] += _selection_args(start, end, region, levels)
+            provenance["command"] += _selection_args(start, end, box, levels, coarsen, space_chunk)
+            # What --append cuts its inputs to, so that they land on this store's grid and levels.
+            provenance["selection"] = {
+                "region": list(box) if box is not None else None,
+                "levels": [float(v) for v in levels] if levels is not None else None,
+                "coarsen": coarsen,
+            }
             clear_state(partial)
             finish_store(partial, statistics, provenance, extra)
             log(f"gridtnp data prepare: [4/4] moving the new store into place at {out_path}")
@@ -240,15 +244,21 @@ def _fingerprint(
     }
 
 
-def _selection_args(start: Any, end: Any, region: Any, levels: Any) -> str:
+def _selection_args(
+    start: Any, end: Any, region: Any, levels: Any, coarsen: int = 1, space_chunk: int | None = None
+) -> str:
     args: list[str] = []
     for flag, value in (("--start", start), ("--end", end)):
         if value is not None:
             args += [flag, str(value)]
     if region is not None:
-        args += ["--region", region if isinstance(region, str) else ",".join(f"{v:g}" for v in region)]
+        args += ["--region", *(f"{v:g}" for v in region)]  # four arguments, as the command line takes them
     if levels is not None:
         args += ["--levels", *(f"{v:g}" for v in levels)]
+    if coarsen > 1:
+        args += ["--coarsen", str(coarsen)]
+    if space_chunk is not None:
+        args += ["--space-chunk", str(space_chunk)]
     return (" " + shlex.join(args)) if args else ""
 
 
@@ -279,8 +289,14 @@ def data_main(argv: Sequence[str]) -> None:
         help="variables to keep, by archive or short name (2m_temperature or t2m; u850 for one pressure level; "
         "default: every gridded one)",
     )
-    p.add_argument("--start", metavar="DATE", help="first date to keep (default: the inputs' first step)")
-    p.add_argument("--end", metavar="DATE", help="last date to keep, inclusive (default: the inputs' last step)")
+    p.add_argument(
+        "--start", metavar="DATE", help="first date to keep (default: the inputs' first step; an archive's first day)"
+    )
+    p.add_argument(
+        "--end",
+        metavar="DATE",
+        help="last date to keep, inclusive (default: the inputs' last step; an archive's last day of final data)",
+    )
     p.add_argument(
         "--region",
         nargs=4,
@@ -303,7 +319,7 @@ def data_main(argv: Sequence[str]) -> None:
         metavar="N",
         help="concurrent reads (default: dask's threads for Zarr inputs, 1 for local NetCDF/GRIB files)",
     )
-    p.add_argument("--coarsen", type=int, default=1, metavar="F", help="average F x F blocks of grid points first")
+    p.add_argument("--coarsen", type=int, metavar="F", help="average F x F blocks of grid points first")
     p.add_argument(
         "--space-chunk",
         type=int,
@@ -335,7 +351,8 @@ def data_main(argv: Sequence[str]) -> None:
     p.add_argument(
         "--append",
         action="store_true",
-        help="extend the prepared store at --out with the inputs' later time steps (statistics kept)",
+        help="extend the prepared store at --out with the inputs' later time steps, up to --end, cut to the store's "
+        "region, levels and --coarsen as recorded (statistics kept)",
     )
     p.add_argument(
         "--recompute-stats",
@@ -350,6 +367,22 @@ def data_main(argv: Sequence[str]) -> None:
     if opts.append:
         from gridtnp.data.append import append
 
+        fixed = {
+            "--variables": opts.variables,
+            "--start": opts.start,
+            "--time-chunk": opts.time_chunk,
+            "--space-chunk": opts.space_chunk,
+            "--climatology": opts.climatology or None,
+            "--overwrite": opts.overwrite or None,
+            "--scheduler": opts.scheduler,
+        }
+        given = [flag for flag, value in fixed.items() if value is not None]
+        if given:
+            raise DataError(
+                f"--append takes the store's variables, chunks and climatology and starts after its last step; "
+                f"drop {', '.join(given)} (it may take --end, --region, --levels, --coarsen, --storage-option, "
+                "--jobs and --recompute-stats with --train-start/--train-end)."
+            )
         append(
             opts.inputs,
             opts.out,
@@ -359,8 +392,14 @@ def data_main(argv: Sequence[str]) -> None:
             storage_options=_storage_options(opts.storage_option),
             jobs=opts.jobs,
             progress=not opts.quiet,
+            end=opts.end,
+            region=opts.region,
+            levels=opts.levels,
+            coarsen=opts.coarsen,
         )
         return
+    if opts.recompute_stats:
+        raise DataError("--recompute-stats goes with --append; a new store's statistics are computed anyway.")
     prepare(
         opts.inputs,
         opts.out,
@@ -378,7 +417,7 @@ def data_main(argv: Sequence[str]) -> None:
         storage_options=_storage_options(opts.storage_option),
         jobs=opts.jobs,
         scheduler=opts.scheduler,
-        coarsen=opts.coarsen,
+        coarsen=opts.coarsen if opts.coarsen is not None else 1,
         space_chunk=opts.space_chunk,
     )
 

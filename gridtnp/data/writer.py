@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -409,8 +408,3 @@ def _duration(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def cpu_jobs() -> int:
-    """Default read concurrency: the CPU count (at least 2)."""
-    return max(2, os.cpu_count() or 1)

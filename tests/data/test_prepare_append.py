@@ -44,7 +44,7 @@ def test_append_equals_a_one_shot_prepare(tmp_path: Path) -> None:
     assert (
         b.attrs["gridtnp_chunks"] == a.attrs["gridtnp_chunks"] and len(b.attrs["gridtnp_provenance"]["appended"]) == 1
     )
-    with pytest.raises(DataError, match="no time step after the store's last one"):
+    with pytest.raises(DataError, match="no time step after the store's last step"):
         append([second], grown, progress=False)
     # Recomputed over a longer training period: the statistics of a one-shot prepare with that period.
     main(["data", "prepare", str(first), "--out", str(tmp_path / "r.zarr"), "--train-end", "2020-01-02", "--quiet"])

@@ -4,6 +4,7 @@ store equals one prepared from the same values as NetCDF."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,10 @@ import pytest
 import xarray as xr
 
 from gridtnp.cli import main
+from gridtnp.data.archive import resolve
 from gridtnp.data.http_server import LocalHTTPServer
 from gridtnp.data.layout import STATS_ATTR, DataError
-from gridtnp.data.prepare import prepare
+from gridtnp.data.prepare import data_main, prepare
 from gridtnp.data.store import open_store
 
 LAT = np.arange(90.0, -90.1, -15.0)  # 13, descending as in ARCO-ERA5
@@ -149,7 +151,11 @@ def test_date_line_region_levels_and_the_command_line(archive: tuple[Path, Path]
         .mean(),
         rtol=1e-12,
     )
-    assert "--region -20,20,140,-160" in ds.attrs["gridtnp_provenance"]["command"]
+    command = ds.attrs["gridtnp_provenance"]["command"]
+    assert "--region -20 20 140 -160 --levels 850 500" in command
+    rerun = tmp_path / "rerun.zarr"
+    main([*shlex.split(command.replace(str(out), str(rerun)))[1:], "--quiet"])  # the recorded command runs as it is
+    assert_same_store(out, rerun)
 
 
 def test_archive_names_are_checked(archive: tuple[Path, Path], tmp_path: Path) -> None:
@@ -173,3 +179,93 @@ def test_coarsen_and_spatial_chunks(archive: tuple[Path, Path], tmp_path: Path) 
     np.testing.assert_allclose(ds.latitude.values, want.latitude.values)
     np.testing.assert_allclose(ds.t2m.values, want.values, rtol=1e-6)
     assert ds.t2m.encoding["chunks"] == (24, 4, 4)
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The replica as ARCO-ERA5 publishes it: the time axis runs on past the data (no chunks there: they read as
+    NaN), and the attributes say where final ERA5 and preliminary ERA5T end."""
+    ds = replica()
+    pad = ds.isel(time=slice(0, 48)).assign_coords(time=ds.time.values[-1] + np.arange(1, 49) * np.timedelta64(1, "h"))
+    ds = xr.concat([ds, xr.full_like(pad, np.nan)], "time")
+    ds.attrs = {
+        "valid_time_start": "2020-01-01",
+        "valid_time_stop": "2020-01-02",
+        "valid_time_stop_era5t": "2020-01-03",
+    }
+    encoding = {v: {"chunks": (1, *ds[v].shape[1:])} for v in ds.data_vars}
+    path = tmp_path_factory.mktemp("padded") / "arco.zarr"
+    ds.to_zarr(path, encoding=encoding, consolidated=True, zarr_format=2)
+    assert len(list((path / "2m_temperature").glob("*.0.0"))) == HOURS  # the padding has no chunk files
+    return path
+
+
+def test_the_archive_period_bounds_the_request(padded: Path, tmp_path: Path) -> None:
+    out = prepare([padded], tmp_path / "final.zarr", variables=["t2m"], progress=False)
+    ds = open_store(out)
+    assert ds.sizes["time"] == 48 and str(ds.time.values[-1]).startswith("2020-01-02T23")  # final ERA5 only
+    assert bool(np.isfinite(ds.t2m.values).all())
+    with pytest.warns(UserWarning, match="preliminary ERA5T"):
+        out = prepare([padded], tmp_path / "era5t.zarr", variables=["t2m"], end="2020-01-03", progress=False)
+    assert open_store(out).sizes["time"] == HOURS
+    held = r"holds data from 2020-01-01 to 2020-01-02 \(preliminary ERA5T to 2020-01-03\)"
+    with pytest.raises(DataError, match=rf"--end 2020-01-04: .*{held}; its later hours are empty"):
+        prepare([padded], tmp_path / "x.zarr", variables=["t2m"], end="2020-01-04", progress=False)
+    with pytest.raises(DataError, match=rf"--start 2019-12-31: .*{held}"):
+        prepare([padded], tmp_path / "x.zarr", variables=["t2m"], start="2019-12-31", progress=False)
+
+
+def test_append_from_the_archive_keeps_the_store_region_levels_and_blocks(padded: Path, tmp_path: Path) -> None:
+    """A regional, coarsened store of a level variable grown by a day from the archive over HTTP: the same store as
+    one prepare of both days; the region, levels and block size come from the store."""
+    options = {"variables": ["t2m", "u"], "levels": [850, 500], "region": "-50,50,-40,60", "coarsen": 2}
+    once = prepare([padded], tmp_path / "once.zarr", train_end="2020-01-01", progress=False, **options)
+    grown = prepare([padded], tmp_path / "grown.zarr", end="2020-01-01", progress=False, **options)
+    with LocalHTTPServer(padded.parent) as server:
+        main(["data", "prepare", server.url(padded.name), "--out", str(grown), "--append", "--quiet"])
+    assert_same_store(once, grown)
+    ds = open_store(grown)
+    assert ds.sizes == {"time": 48, "level": 2, "latitude": 3, "longitude": 3}
+    assert open_store(grown).attrs["gridtnp_provenance"]["appended"][0]["end"] == "2020-01-02T23:00:00"
+    with pytest.raises(DataError, match=r"--append takes the store's variables.*drop --variables"):
+        data_main(["prepare", str(padded), "--out", str(grown), "--append", "--variables", "t2m", "--quiet"])
+
+
+def test_an_archive_is_cut_before_it_is_chunked(tmp_path: Path) -> None:
+    """A century of hourly steps, metadata only: a day of one level of it opens as a task graph of that day, not of
+    the whole axis (which took minutes and gigabytes for ARCO-ERA5's 1.3 M steps)."""
+    import zarr
+
+    from gridtnp.data.inputs import Selection, open_sources
+
+    path = tmp_path / "century.zarr"
+    steps = 24 * 365 * 100
+    group = zarr.open_group(path, mode="w", zarr_format=2)
+    for name, values, attrs in (
+        ("time", np.arange(steps, dtype=np.int64), {"units": "hours since 1950-01-01"}),
+        ("latitude", LAT, {"units": "degrees_north"}),
+        ("longitude", LON, {"units": "degrees_east"}),
+        ("level", LEVELS, {"units": "millibars"}),
+    ):
+        array = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape, fill_value=None)
+        array[:] = values
+        array.attrs.update({"_ARRAY_DIMENSIONS": [name], **attrs})
+    wind = group.create_array(
+        "u_component_of_wind", shape=(steps, len(LEVELS), len(LAT), len(LON)), dtype="float32",
+        chunks=(1, len(LEVELS), len(LAT), len(LON)), fill_value=np.nan,
+    )  # fmt: skip
+    wind.attrs.update({"_ARRAY_DIMENSIONS": ["time", "level", "latitude", "longitude"], "units": "m s**-1"})
+    zarr.consolidate_metadata(path, zarr_format=2)
+    ds = open_sources([path], ["u850"], 1, Selection(start="2000-01-01", end="2000-01-01"))
+    assert ds.sizes["time"] == 24 and ds.u850.dims == ("time", "latitude", "longitude")
+    assert len(ds.u850.data.__dask_graph__()) < 50 * 24  # tasks of one day's 24 steps
+
+
+def test_only_the_levels_read_are_kept_before_chunking() -> None:
+    from gridtnp.data.archive import level_indices
+
+    raw = replica()
+    picks = resolve(raw, ["u850", "u@500", "t2m"], "arco")
+    assert level_indices(raw, picks, None) == {"level": [0, 1]}  # 500 and 850 in stored order; t2m has no level
+    assert level_indices(raw, resolve(raw, ["u"], "arco"), [1000, 850]) == {"level": [1, 2]}
+    assert level_indices(raw, resolve(raw, ["u", "u850"], "arco"), None) == {}  # u whole: every level
