@@ -5,7 +5,7 @@ A prepared store (``gridtnp data prepare``) is in the layout of ``gridtnp.data.l
 statistics in ``attrs["gridtnp_stats"]``.
 
 * ``open_store(path_or_url, variables)``: the store as a lazy ``xarray.Dataset``, its layout checked
-  (``check_layout``) or, with ``convert_layout``, converted on read.
+  (``check_layout``) or, with ``convert_layout``, converted on read; ``time_chunk(var)``: its steps per chunk.
 * ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box; ``region_index(ds, box)``: the
   index slices of such a box (for ``ChunkCache``).
 * ``normalisation_stats(ds, variable, level)``: ``(mean, std)`` of a variable over the training period.
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from gridtnp.data.archive import SHORT_TO_ARCHIVE
 from gridtnp.data.inventory import CHUNKS_ATTR, check_chunks
 from gridtnp.data.layout import DIMS, STATS_ATTR, DataError, DateLike, coverage, normalise, select_time
 from gridtnp.files import is_url
@@ -52,20 +53,24 @@ def open_store(
     variables: Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     convert_layout: bool = False,
+    chunked: bool = True,
 ) -> xr.Dataset:
-    """Open a prepared Zarr store lazily (dask, the store's own chunks) and check its layout.
+    """Open a prepared Zarr store lazily and check its layout: dask arrays of the store's own chunks, or with
+    ``chunked=False`` xarray's lazy backend arrays (no task graph; ``time_chunk(var)`` gives the chunking).
 
     ``path_or_url`` is a local path or a URL (``gs://...`` needs gcsfs; pass ``storage_options={"token": "anon"}``
     for public buckets). ``variables`` keeps only those data variables; each is ``[time, ..., latitude, longitude]``.
     A store in another layout is an error, unless ``convert_layout``: then coordinates are renamed, latitudes
-    flipped and longitudes rolled lazily, as ``gridtnp data prepare`` would (e.g. the public ARCO ERA5 store, with
-    latitudes descending and longitudes in [0, 360)); reads stay chunk-wise.
+    flipped and longitudes rotated lazily, as ``gridtnp data prepare`` would (e.g. the public ARCO ERA5 store, with
+    latitudes descending and longitudes in [0, 360)), and ``variables`` may be ERA5 short names of the archive's
+    (``t2m`` for ``2m_temperature``). The variables are selected and the layout converted before any dask array
+    is made: the archive's 1.3 M hourly chunks per variable would otherwise be a graph of minutes and gigabytes.
     """
     source = str(path_or_url)
     if not is_url(source) and not os.path.exists(source):
         raise DataError(f"No Zarr store at {source!r}. {_PREPARE_HINT}")
     try:
-        ds = xr.open_zarr(source, chunks={}, storage_options=storage_options)
+        ds = xr.open_zarr(source, chunks=None, storage_options=storage_options)
     except ImportError as err:
         protocol = source.split("://", 1)[0]
         package = _PROTOCOL_PACKAGES.get(protocol, f"the fsspec implementation for {protocol}://")
@@ -75,20 +80,34 @@ def open_store(
     except Exception as err:
         raise DataError(f"{source!r} could not be opened as a Zarr store ({type(err).__name__}: {err}).") from err
     if variables is not None:
-        missing = [v for v in variables if v not in ds.data_vars]
+        # An archive's long names answer to the short ones when its layout is converted (t2m: 2m_temperature).
+        found = {v: v if v in ds.data_vars or not convert_layout else SHORT_TO_ARCHIVE.get(v, v) for v in variables}
+        missing = [v for v, name in found.items() if name not in ds.data_vars]
         if missing:
             raise DataError(
                 f"{source!r} has no variable(s) {', '.join(map(repr, missing))}; "
                 f"available: {', '.join(map(str, ds.data_vars)) or '(none)'}."
             )
-        ds = ds[list(variables)]
+        ds = ds[list(found.values())].rename({name: v for v, name in found.items() if name != v})
     recorded = ds.attrs.get(CHUNKS_ATTR)
     if recorded and not is_url(source):  # a local store prepared by gridtnp: every chunk file it wrote is there
         check_chunks(Path(source), {v: n for v, n in recorded.items() if v in ds.data_vars})
     if convert_layout:
         ds = normalise(ds, source)
     check_layout(ds, source)
+    if chunked:
+        ds = ds.assign({v: var.chunk(var.encoding.get("preferred_chunks", {})) for v, var in ds.data_vars.items()})
     return ds
+
+
+def time_chunk(var: xr.DataArray) -> int:
+    """Time steps per stored chunk of ``var`` (opened by ``open_store``, chunked or not)."""
+    if var.chunks is not None:
+        return int(var.chunks[0][0])
+    chunks = var.encoding.get("preferred_chunks", {})
+    if "time" not in chunks:
+        raise DataError(f"variable {var.name!r}: its stored chunking is unknown; open it with open_store.")
+    return int(chunks["time"])
 
 
 def check_layout(ds: xr.Dataset, source: str = "dataset") -> None:
@@ -235,7 +254,6 @@ class ChunkCache:
         )
         self._pool: Any = None
         self._ds: xr.Dataset | None = None
-        self._direct: xr.Dataset | None = None
         self._pid: int | None = None
         self._bounds: dict[str, np.ndarray] = {}
         self._lru: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
@@ -243,30 +261,22 @@ class ChunkCache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(
-            _ds=None, _direct=None, _pid=None, _pool=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[]
-        )
+        state.update(_ds=None, _pid=None, _pool=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[])
         return state
 
     def dataset(self) -> xr.Dataset:
-        """This process's handle on the store, opened on first use."""
+        """This process's handle on the store (xarray's lazy backend arrays), opened on first use. Chunks are read
+        without dask, whose graph costs as much as the read of a 4 MiB chunk (and of a converted archive's
+        1.3 M-step axis, minutes); a converted layout is read through index arrays, as one selection per chunk."""
         if self._ds is None or self._pid != os.getpid():
-            ds = open_store(self.store, self.variables or None, self.storage_options, self.convert_layout)
+            ds = open_store(self.store, self.variables or None, self.storage_options, self.convert_layout, False)
             self._ds = ds.isel(self.region) if self.region else ds
             self._pid, self._lru, self._bounds, self._pool = os.getpid(), OrderedDict(), {}, None
-            self._direct = None
-            if not self.convert_layout:  # chunks read without dask: its graph costs as much as the read itself
-                direct = xr.open_zarr(self.store, chunks=None, storage_options=self.storage_options)
-                direct = direct[list(self._ds.data_vars)]
-                self._direct = direct.isel(self.region) if self.region else direct
         return self._ds
 
     def _steps(self, variable: str, a: int, b: int) -> np.ndarray:
-        """Time steps ``[a, b)`` of ``variable`` from the store: through xarray's lazy backend array for a store
-        in the prepared layout, through dask where the layout is converted on the fly."""
-        if self._direct is not None:
-            return np.asarray(self._direct[variable].variable[a:b].values)
-        return np.asarray(self.dataset()[variable].data[a:b].compute(scheduler="synchronous"))
+        """Time steps ``[a, b)`` of ``variable`` from the store."""
+        return np.asarray(self.dataset()[variable].variable[a:b].values)
 
     def _fetch(self, jobs: list[tuple[str, int]]) -> list[np.ndarray]:
         """The chunks ``[(variable, chunk)]`` as arrays, read concurrently by this process's threads (created
@@ -289,8 +299,8 @@ class ChunkCache:
     def bounds(self, variable: str) -> np.ndarray:
         """Chunk boundaries along time ``[C + 1]`` of ``variable``: chunk ``c`` holds steps ``[b[c], b[c + 1])``."""
         if variable not in self._bounds:
-            steps = self.dataset()[variable].data.chunks[0]
-            self._bounds[variable] = np.concatenate([[0], np.cumsum(steps)])
+            var = self.dataset()[variable]
+            self._bounds[variable] = np.append(np.arange(0, var.sizes["time"], time_chunk(var)), var.sizes["time"])
         return self._bounds[variable]
 
     def _failing_chunk(

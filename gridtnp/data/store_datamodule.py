@@ -156,9 +156,10 @@ class StoreDataModule(TaskDataModule):
                 raise
 
     def open(self, variables: Sequence[str]) -> xr.Dataset:
-        """The store (prepared first if it is the sample), lazily, with ``variables`` only."""
+        """The store (prepared first if it is the sample), lazily (xarray's backend arrays, no dask), with
+        ``variables`` only."""
         self.prepare_data()
-        return open_store(self.store_path(), variables, self.storage_options, self.convert_layout)
+        return open_store(self.store_path(), variables, self.storage_options, self.convert_layout, chunked=False)
 
     def chunk_cache(self, variables: Sequence[str], region: dict[str, slice] | None = None) -> ChunkCache:
         """A per-process chunk cache on the store for ``variables`` (``cache_chunks`` chunks per variable)."""

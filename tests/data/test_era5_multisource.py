@@ -299,6 +299,42 @@ def test_an_arco_style_store_is_refused_or_converted_lazily_with_given_stats(tmp
     assert dm.task.cache.reads == len(np.unique(batch.extras["start_hour"].numpy()[:, None] + np.arange(3)))
 
 
+def test_an_archive_with_a_century_long_axis_is_read_by_short_name_without_dask(tmp_path: Path) -> None:
+    """ARCO-ERA5's axis runs decades past its data and holds dozens of variables: the converted store opens as
+    lazy arrays of the variables asked (a dask graph of the axis took minutes and gigabytes a process)."""
+    import zarr
+
+    lat, lon = np.arange(60.0, 49.9, -2.5), np.arange(0.0, 360.0, 45.0)
+    steps = 24 * 365 * 100
+    path = tmp_path / "arco.zarr"
+    group = zarr.open_group(path, mode="w", zarr_format=2)
+    for name, values, attrs in (
+        ("time", np.arange(steps, dtype=np.int64), {"units": "hours since 2020-01-01"}),
+        ("latitude", lat, {}),
+        ("longitude", lon, {}),
+    ):
+        array = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape, fill_value=None)
+        array[:] = values
+        array.attrs.update({"_ARRAY_DIMENSIONS": [name], **attrs})
+    h, la, lo = np.meshgrid(np.arange(72), lat, lon, indexing="ij")
+    for name in ("2m_temperature", "skin_temperature"):
+        array = group.create_array(
+            name, shape=(steps, len(lat), len(lon)), dtype="float32", chunks=(1, len(lat), len(lon)), fill_value=np.nan
+        )
+        array.attrs["_ARRAY_DIMENSIONS"] = ["time", "latitude", "longitude"]
+        array[:72] = (la + 0.01 * lo + 0.1 * h).astype(np.float32)
+    zarr.consolidate_metadata(path, zarr_format=2)
+    kwargs = {"variables": ["t2m"], "target_variables": None, "stats": {"t2m": [55.0, 5.0]}}
+    dm = datamodule(str(path), convert_layout=True, **kwargs)
+    opened = dm.task.cache.dataset()
+    assert list(opened.data_vars) == ["t2m"] and opened.t2m.chunks is None  # lazy backend arrays, no dask
+    batch = dm.split_task("train").sample(2, torch.Generator().manual_seed(0))
+    x, m = batch.target.x.numpy(), batch.target.mask.numpy()
+    hour = batch.extras["start_hour"].numpy()[:, None] + x[..., 0]
+    expected = x[..., 1] + 0.01 * (x[..., 2] % 360.0) + 0.1 * hour
+    np.testing.assert_allclose(batch.target.y[..., 0].numpy()[m] * 5.0 + 55.0, expected[m], atol=1e-3)
+
+
 def test_predictions_cover_the_test_split_with_dense_maps(store: str) -> None:
     dm = datamodule(store, batch_size=3)
     loader = dm.predict_dataloader()

@@ -23,7 +23,7 @@ from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationRe
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
 from gridtnp.data.stations import snap_to_grid
-from gridtnp.data.store import normalisation_stats, region_index, select
+from gridtnp.data.store import normalisation_stats, region_index, select, time_chunk
 from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range
 from gridtnp.registry import ConfigError, register
 
@@ -349,7 +349,8 @@ class StationReanalysisDataModule(StoreDataModule):
             )
         out = {}
         for v in variables:
-            field = ds[v].isel(time=xr.DataArray(hours, dims="time"))
+            field = ds[v].chunk({"time": time_chunk(ds[v])})  # streamed a chunk at a time, never whole
+            field = field.isel(time=xr.DataArray(hours, dims="time"))
             field = field.assign_coords(time=("time", hour_of_day)).groupby("time").mean().values  # [24, H, W]
             out[v] = field.reshape(24, -1).astype(np.float32)
         return out
