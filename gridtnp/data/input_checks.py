@@ -1,7 +1,8 @@
 """Checks on ``gridtnp data prepare``'s inputs that would otherwise give a wrong store without a word.
 
-* ``normalise_checked(ds, source)``: ``check_coordinates`` (no NaT time, no NaN latitude or longitude), then
-  ``gridtnp.data.layout.normalise``, then ``check_part``.
+* ``normalise_checked(ds, source)``: ``check_coordinates`` (no NaT time, no NaN latitude or longitude),
+  ``merge_expver`` (the CDS's final ERA5 and ERA5T in one field), then ``gridtnp.data.layout.normalise``, then
+  ``check_part``.
 * ``check_part(ds, source)``: one normalised input: a longitude axis without a jump (a 0-360 box across the date
   line), at most one dimension besides ``time, latitude, longitude``, and each variable transposed to
   ``[time, ..., latitude, longitude]``.
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,42 @@ from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, normalise
 
 
 def normalise_checked(ds: xr.Dataset, source: str) -> xr.Dataset:
-    """``normalise(ds)`` with the checks of ``check_coordinates`` before and ``check_part`` after it."""
-    return check_part(normalise(check_coordinates(ds, source), source), source)
+    """``normalise(ds)`` with the checks of ``check_coordinates`` and ``merge_expver`` before and ``check_part``
+    after it."""
+    return check_part(normalise(merge_expver(check_coordinates(ds, source), source), source), source)
+
+
+EXPVER = "expver"
+
+
+def merge_expver(ds: xr.Dataset, source: str) -> xr.Dataset:
+    """``ds`` without the ``expver`` dimension of ERA5 fetched from the CDS across the end of final data (1: final
+    ERA5, 5: preliminary ERA5T; each step has its values in one of them): every point takes the final value where
+    it has one, else ERA5T's, with a warning (ECMWF may still revise ERA5T). Other experiment versions are refused.
+    Without the merge the store would hold an ``expver`` dimension, half of it NaN, as if it were a level."""
+    if EXPVER not in ds.dims:
+        return ds
+    try:
+        versions = [int(str(v).strip()) for v in ds[EXPVER].values]  # 1 and 5, or "0001" and "0005"
+    except ValueError:
+        versions = []
+    if 1 not in versions or not set(versions) <= {1, 5}:
+        raise DataError(
+            f"{source}: its expver dimension holds {ds[EXPVER].values.tolist()}; expected ERA5's 1 (final) and 5 "
+            "(ERA5T), which are merged. Select one experiment version first (e.g. ds.sel(expver=1))."
+        )
+    order = sorted(range(len(versions)), key=versions.__getitem__)
+    merged = ds.isel({EXPVER: order[0]}, drop=True)
+    for i in order[1:]:
+        merged = merged.where(merged.notnull(), ds.isel({EXPVER: i}, drop=True))
+    if 5 in versions:
+        warnings.warn(
+            f"{source}: final ERA5 (expver 1) and preliminary ERA5T (expver 5) are merged, each point from final "
+            "ERA5 where it has a value; ECMWF may still revise the ERA5T steps: prepare them again once final.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return merged
 
 
 def check_coordinates(ds: xr.Dataset, source: str) -> xr.Dataset:

@@ -201,6 +201,29 @@ def test_bad_inputs_name_the_file_and_what_was_expected(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cfgrib") is not None, reason="cfgrib is installed")
+def test_final_era5_and_era5t_from_the_cds_are_merged(tmp_path: Path) -> None:
+    """A CDS download across the end of final ERA5 has an expver dimension (1 final, 5 ERA5T), each step's values in
+    one of them: one field, final first; points missing in both (sea surface temperature on land) stay missing."""
+    time = pd.date_range("2024-01-30", periods=48, freq="h")
+    lat, lon = np.arange(55.0, 49.9, -1.0), np.arange(0.0, 5.1, 1.0)
+    values = np.full((48, 2, len(lat), len(lon)), np.nan, np.float32)
+    values[:30, 0], values[30:, 1] = 280.0, 281.0  # final ERA5 ends at step 30
+    values[:, :, 0, 0] = np.nan  # land
+    ds = xr.Dataset(
+        {"sst": (("time", "expver", "latitude", "longitude"), values, {"units": "K"})},
+        coords={"time": time, "expver": np.array([1, 5], np.int32), "latitude": lat, "longitude": lon},
+    )
+    with pytest.warns(UserWarning, match=r"expver 5\) are merged"):
+        out = prepare([write_nc(ds, tmp_path / "cds.nc")], tmp_path / "s.zarr", progress=False)
+    got = open_store(out).sst
+    assert got.dims == ("time", "latitude", "longitude") and got.attrs["units"] == "K"
+    np.testing.assert_array_equal(got.values[:30, 0, 1:], 280.0)
+    np.testing.assert_array_equal(got.values[30:, 0, 1:], 281.0)
+    assert np.isnan(got.values[:, -1, 0]).all()  # latitudes ascending: the land point is the last row now
+    with pytest.raises(DataError, match=r"expver dimension holds \[2, 5\]"):
+        prepare([write_nc(ds.assign_coords(expver=[2, 5]), tmp_path / "x.nc")], tmp_path / "x.zarr", progress=False)
+
+
 def test_grib_without_cfgrib_says_what_to_install(tmp_path: Path) -> None:
     grib = tmp_path / "era5.grib"
     grib.write_bytes(b"GRIB")
