@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,7 +99,9 @@ def append(
                 )
             log(f"gridtnp data prepare: appending {new.sizes['time']} steps from {iso(new.time.values[0])} to {path}")
             save_state(path, fingerprint, 0, {}, None)  # before the arrays grow: a kill from here on resumes
-            new.to_zarr(path, append_dim="time", compute=False, consolidated=False, safe_chunks=False)
+            with warnings.catch_warnings():  # zarr lists the checkpoint file among the store's members
+                warnings.filterwarnings("ignore", message=f"Object at {re.escape(STATE)} is not recognized")
+                new.to_zarr(path, append_dim="time", compute=False, consolidated=False, safe_chunks=False)
         write_blocks(
             new, path, (0, 0), fingerprint, steps, False, jobs, checkpoint_s, log, block=block_steps, offset=length
         )
