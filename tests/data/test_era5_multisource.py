@@ -302,28 +302,14 @@ def test_an_arco_style_store_is_refused_or_converted_lazily_with_given_stats(tmp
 def test_an_archive_with_a_century_long_axis_is_read_by_short_name_without_dask(tmp_path: Path) -> None:
     """ARCO-ERA5's axis runs decades past its data and holds dozens of variables: the converted store opens as
     lazy arrays of the variables asked (a dask graph of the axis took minutes and gigabytes a process)."""
-    import zarr
+    from tests.data.test_prepare_archive import century_archive
 
     lat, lon = np.arange(60.0, 49.9, -2.5), np.arange(0.0, 360.0, 45.0)
-    steps = 24 * 365 * 100
     path = tmp_path / "arco.zarr"
-    group = zarr.open_group(path, mode="w", zarr_format=2)
-    for name, values, attrs in (
-        ("time", np.arange(steps, dtype=np.int64), {"units": "hours since 2020-01-01"}),
-        ("latitude", lat, {}),
-        ("longitude", lon, {}),
-    ):
-        array = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape, fill_value=None)
-        array[:] = values
-        array.attrs.update({"_ARRAY_DIMENSIONS": [name], **attrs})
+    group = century_archive(path, "2020-01-01", lat, lon, {"2m_temperature": False, "skin_temperature": False})
     h, la, lo = np.meshgrid(np.arange(72), lat, lon, indexing="ij")
     for name in ("2m_temperature", "skin_temperature"):
-        array = group.create_array(
-            name, shape=(steps, len(lat), len(lon)), dtype="float32", chunks=(1, len(lat), len(lon)), fill_value=np.nan
-        )
-        array.attrs["_ARRAY_DIMENSIONS"] = ["time", "latitude", "longitude"]
-        array[:72] = (la + 0.01 * lo + 0.1 * h).astype(np.float32)
-    zarr.consolidate_metadata(path, zarr_format=2)
+        group[name][:72] = (la + 0.01 * lo + 0.1 * h).astype(np.float32)
     kwargs = {"variables": ["t2m"], "target_variables": None, "stats": {"t2m": [55.0, 5.0]}}
     dm = datamodule(str(path), convert_layout=True, **kwargs)
     opened = dm.task.cache.dataset()

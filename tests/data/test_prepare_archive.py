@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -231,31 +232,41 @@ def test_append_from_the_archive_keeps_the_store_region_levels_and_blocks(padded
         data_main(["prepare", str(padded), "--out", str(grown), "--append", "--variables", "t2m", "--quiet"])
 
 
-def test_an_archive_is_cut_before_it_is_chunked(tmp_path: Path) -> None:
-    """A century of hourly steps, metadata only: a day of one level of it opens as a task graph of that day, not of
-    the whole axis (which took minutes and gigabytes for ARCO-ERA5's 1.3 M steps)."""
+def century_archive(
+    path: Path, start: str, lat: np.ndarray, lon: np.ndarray, variables: dict[str, bool], levels: np.ndarray = LEVELS
+) -> Any:
+    """A Zarr group in the ARCO-ERA5 layout with a century of hourly steps from ``start``, metadata only (one step per
+    chunk, none written; consolidated): ``variables`` maps names to whether they have a level dimension. The data
+    chunks a test writes are its own."""
     import zarr
 
-    from gridtnp.data.inputs import Selection, open_sources
-
-    path = tmp_path / "century.zarr"
     steps = 24 * 365 * 100
     group = zarr.open_group(path, mode="w", zarr_format=2)
     for name, values, attrs in (
-        ("time", np.arange(steps, dtype=np.int64), {"units": "hours since 1950-01-01"}),
-        ("latitude", LAT, {"units": "degrees_north"}),
-        ("longitude", LON, {"units": "degrees_east"}),
-        ("level", LEVELS, {"units": "millibars"}),
+        ("time", np.arange(steps, dtype=np.int64), {"units": f"hours since {start}"}),
+        ("latitude", lat, {"units": "degrees_north"}),
+        ("longitude", lon, {"units": "degrees_east"}),
+        ("level", levels, {"units": "millibars"}),
     ):
         array = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape, fill_value=None)
         array[:] = values
         array.attrs.update({"_ARRAY_DIMENSIONS": [name], **attrs})
-    wind = group.create_array(
-        "u_component_of_wind", shape=(steps, len(LEVELS), len(LAT), len(LON)), dtype="float32",
-        chunks=(1, len(LEVELS), len(LAT), len(LON)), fill_value=np.nan,
-    )  # fmt: skip
-    wind.attrs.update({"_ARRAY_DIMENSIONS": ["time", "level", "latitude", "longitude"], "units": "m s**-1"})
+    for name, with_level in variables.items():
+        dims = ["time", *(["level"] if with_level else []), "latitude", "longitude"]
+        shape = (steps, *([len(levels)] if with_level else []), len(lat), len(lon))
+        array = group.create_array(name, shape=shape, dtype="float32", chunks=(1, *shape[1:]), fill_value=np.nan)
+        array.attrs["_ARRAY_DIMENSIONS"] = dims
     zarr.consolidate_metadata(path, zarr_format=2)
+    return group
+
+
+def test_an_archive_is_cut_before_it_is_chunked(tmp_path: Path) -> None:
+    """A century of hourly steps, metadata only: a day of one level of it opens as a task graph of that day, not of
+    the whole axis (which took minutes and gigabytes for ARCO-ERA5's 1.3 M steps)."""
+    from gridtnp.data.inputs import Selection, open_sources
+
+    path = tmp_path / "century.zarr"
+    century_archive(path, "1950-01-01", LAT, LON, {"u_component_of_wind": True})
     ds = open_sources([path], ["u850"], 1, Selection(start="2000-01-01", end="2000-01-01"))
     assert ds.sizes["time"] == 24 and ds.u850.dims == ("time", "latitude", "longitude")
     assert len(ds.u850.data.__dask_graph__()) < 50 * 24  # tasks of one day's 24 steps
