@@ -98,7 +98,7 @@ class MultiSourceTask:
         n_t = max(round(self.target_fraction * p), 1)
         is_target = np.zeros((b, p), dtype=bool)
         if dense:
-            n_t, idx_t = 0, np.broadcast_to(np.arange(p), (b, p))  # n_t = 0: contexts may use every point
+            n_t, idx_t = 0, np.tile(np.arange(p), (b, 1))  # n_t = 0: contexts may use every point
         else:
             idx_t = torch.argsort(torch.rand(b, p, generator=generator), dim=1)[:, :n_t].numpy()  # [B, Nt]
             np.put_along_axis(is_target, idx_t, True, axis=1)
