@@ -165,11 +165,11 @@ def valid_dates(
     ``valid_time_stop`` (the last day of final ERA5) and ``valid_time_stop_era5t`` (of preliminary ERA5T, which
     ECMWF may still revise): unset bounds become the final period's, a request outside the data is refused, and
     hours of ERA5T are kept with a warning. Inputs without these attributes are returned as they are."""
-    first_text, final_text = attrs.get(VALID_START), attrs.get(VALID_STOP)
+    first_text, final_text = (str(attrs[k]) if k in attrs else None for k in (VALID_START, VALID_STOP))
     if first_text is None and final_text is None:
         return start, end
-    first = date_bounds(str(first_text), VALID_START)[0] if first_text is not None else None
-    final = date_bounds(str(final_text), VALID_STOP)[1] if final_text is not None else None
+    first = date_bounds(first_text, VALID_START)[0] if first_text is not None else None
+    final = date_bounds(final_text, VALID_STOP)[1] if final_text is not None else None
     era5t_text = attrs.get(VALID_STOP_ERA5T)
     era5t = date_bounds(str(era5t_text), VALID_STOP_ERA5T)[1] if era5t_text is not None else None
     held = f"{where} holds data from {first_text or 'its first step'} to {final_text or 'its last step'}"
@@ -186,11 +186,7 @@ def valid_dates(
             UserWarning,
             stacklevel=2,
         )
-    return (start if start is not None else _text(first_text)), (end if end is not None else _text(final_text))
-
-
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
+    return (start if start is not None else first_text), (end if end is not None else final_text)
 
 
 def select_part(
