@@ -136,8 +136,8 @@ class Selection:
             picks = resolve(raw, variables, where)
             raw = raw[raw_variables(picks)].isel(level_indices(raw, picks, self.levels))
             part = normalise_checked(_step_chunks(_dates(raw, start, end, self.after)), where)
-        if self.after is not None:
-            part = part.isel(time=np.flatnonzero(part.indexes["time"] > self.after))
+        if self.after is not None:  # time is ascending once normalised: the steps after it are a tail (a slice)
+            part = part.isel(time=slice(int(part.indexes["time"].searchsorted(self.after, side="right")), None))
         return select_part(part, picks, self.levels, start, end, self.region)
 
 
