@@ -119,12 +119,14 @@ def level_dim(var: xr.DataArray) -> str | None:
 
 def level_indices(ds: xr.Dataset, picks: Sequence[Pick], levels: Sequence[float] | None) -> dict[str, list[int]]:
     """Per level dimension of the picked variables of ``ds``, the indices of the levels they read, in stored order
-    (a dimension some pick reads whole is left out); levels not in ``ds`` are refused later, by ``select_part``."""
+    (a dimension some pick reads whole is left out); ``levels`` a picked level variable lacks are refused."""
     wanted: dict[str, set[float] | None] = {}
     for p in picks:
         dim = level_dim(ds[p.source])
         if dim is None:
             continue
+        if p.level is None and levels is not None:
+            level_positions(p.source, dim, ds[dim].values, levels)
         values = {p.level} if p.level is not None else (set(levels) if levels is not None else None)
         before = wanted.get(dim, set())
         wanted[dim] = None if values is None or before is None else before | values
@@ -134,6 +136,37 @@ def level_indices(ds: xr.Dataset, picks: Sequence[Pick], levels: Sequence[float]
             stored = ds[dim].values.astype(np.float64)
             out[dim] = [i for i, v in enumerate(stored) if any(np.isclose(v, w) for w in values)]
     return out
+
+
+def level_positions(source: str, dim: str, stored: np.ndarray, levels: Sequence[float]) -> list[int]:
+    """The positions of ``levels`` on the level axis ``stored`` of variable ``source``; a missing level is refused
+    with the levels there are."""
+    values = np.asarray(stored, dtype=np.float64)
+    found = [np.flatnonzero(np.isclose(values, lv)) for lv in levels]
+    missing = [lv for lv, at in zip(levels, found, strict=True) if not len(at)]
+    if missing:
+        raise DataError(
+            f"variable {source!r}: no level {_numbers(missing)} in {dim} (it has {_numbers(values)}); "
+            "choose --levels from those."
+        )
+    return [int(at[0]) for at in found]
+
+
+def check_levels_taken(ds: xr.Dataset, picks: Sequence[Pick], levels: Sequence[float] | None) -> None:
+    """Refuse ``--levels`` that no picked variable of ``ds`` takes: with no level dimension, or with its level named
+    (``u850``), a variable keeps nothing by it, and a silently ignored option hides a mistaken request."""
+    if levels is None or any(p.level is None and level_dim(ds[p.source]) is not None for p in picks):
+        return
+    names = ", ".join(p.name for p in picks)
+    raise DataError(
+        f"--levels {_numbers(levels)}: none of the variables ({names}) takes them; they choose the levels of a "
+        "variable with a level dimension named without one (--variables u --levels 500 850). Name one level as "
+        "u850 or u_component_of_wind@850, or drop --levels."
+    )
+
+
+def _numbers(values: Sequence[float] | np.ndarray) -> str:
+    return ", ".join(f"{float(v):g}" for v in values)
 
 
 def raw_variables(picks: Sequence[Pick]) -> list[str]:
@@ -200,7 +233,8 @@ def select_part(
     """One normalised input (``gridtnp.data.layout.normalise``) cut to the request, lazily: the picked variables
     (one level as a 2-D variable, or ``levels`` of a level dimension), times in [start, end] (inclusive, whole days
     for dates; may be empty), and the ``region`` (a box across the date line keeps both sides, longitudes
-    ascending)."""
+    ascending). ``levels`` that no pick takes are refused."""
+    check_levels_taken(ds, picks, levels)
     if start is not None or end is not None:
         first = date_bounds(start, "--start")[0] if start is not None else None
         last = date_bounds(end, "--end")[1] if end is not None else None
@@ -215,12 +249,7 @@ def select_part(
             index = int(np.flatnonzero(np.isclose(var[dim].values.astype(np.float64), p.level))[0])
             var = var.isel({dim: index}, drop=True)
         elif dim is not None and levels is not None:
-            values = var[dim].values.astype(np.float64)
-            keep = [int(np.flatnonzero(np.isclose(values, lv))[0]) for lv in levels if np.isclose(values, lv).any()]
-            if len(keep) != len(levels):
-                have = ", ".join(f"{v:g}" for v in values)
-                raise DataError(f"variable {p.source!r}: --levels {list(levels)} not all in {dim} ({have}).")
-            var = var.isel({dim: keep})
+            var = var.isel({dim: level_positions(p.source, dim, var[dim].values, levels)})
         var = var.rename(p.name)
         extra = [d for d in var.dims if d not in DIMS]
         var = var.transpose("time", *extra, "latitude", "longitude")

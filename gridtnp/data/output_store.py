@@ -67,6 +67,12 @@ def as_written(source: xr.Dataset, coarsen: int = 1) -> xr.Dataset:
     if coarsen < 1:
         raise DataError(f"--coarsen {coarsen}: expected a positive number of grid points per block.")
     ds = to_float32(source)
+    if coarsen > min(ds.sizes["latitude"], ds.sizes["longitude"]):
+        raise DataError(
+            f"--coarsen {coarsen}: the grid has {ds.sizes['latitude']} latitudes x {ds.sizes['longitude']} longitudes "
+            "(after --region), and partial blocks are dropped; expected a block of at most "
+            f"{min(ds.sizes['latitude'], ds.sizes['longitude'])} points a side."
+        )
     if coarsen > 1:
         ds = ds.coarsen(latitude=coarsen, longitude=coarsen, boundary="trim").mean(keep_attrs=True)
     return ds

@@ -111,6 +111,8 @@ def prepare(
         raise DataError(f"--out {out}: prepare writes a local store; copy it to remote storage afterwards.")
     if time_chunk is not None and time_chunk < 1:
         raise DataError(f"--time-chunk {time_chunk}: expected a positive number of time steps per chunk.")
+    if jobs is not None and jobs < 1:
+        raise DataError(f"--jobs {jobs}: expected at least 1 concurrent read (or leave it out for the default).")
     check_target(out_path, overwrite)
     check_writable(out_path, "--out")
 

@@ -169,6 +169,31 @@ def test_archive_names_are_checked(archive: tuple[Path, Path], tmp_path: Path) -
         prepare([zarr_store], tmp_path / "x.zarr", variables=["t2m@850"], progress=False)
 
 
+@pytest.mark.parametrize("source", ["zarr", "netcdf"])
+def test_levels_a_request_cannot_take_are_refused(archive: tuple[Path, Path], source: str, tmp_path: Path) -> None:
+    """A missing level names the levels there are (the archive's axis, before the cut to the request), and
+    ``--levels`` that no variable takes is refused instead of ignored."""
+    path = archive[0] if source == "zarr" else archive[1]
+    with pytest.raises(DataError, match=r"'u_component_of_wind': no level 300, 700 in level \(it has 500, 850, 1000\)"):
+        prepare([path], tmp_path / "x.zarr", variables=["u"], levels=[850, 300, 700], progress=False)
+    for variables in (["t2m"], ["u850", "skt"]):
+        with pytest.raises(DataError, match=r"--levels 850: none of the variables .* takes them"):
+            prepare([path], tmp_path / "x.zarr", variables=variables, levels=[850], progress=False)
+    out = prepare([path], tmp_path / "ok.zarr", variables=["u850", "u"], levels=[500], progress=False)
+    ds = open_store(out)
+    assert ds.u850.dims == ("time", "latitude", "longitude") and ds.u.level.values.tolist() == [500]
+
+
+def test_options_out_of_range_are_refused(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    zarr_store, _ = archive
+    out = tmp_path / "x.zarr"
+    with pytest.raises(DataError, match=r"--coarsen 7: the grid has 5 latitudes x 18 longitudes .* at most 5 points"):
+        prepare([zarr_store], out, variables=["t2m"], region="-30,30,-180,180", coarsen=7, progress=False)
+    with pytest.raises(DataError, match=r"--jobs 0: expected at least 1"):
+        prepare([zarr_store], out, variables=["t2m"], jobs=0, progress=False)
+    assert not out.exists()
+
+
 def test_coarsen_and_spatial_chunks(archive: tuple[Path, Path], tmp_path: Path) -> None:
     _, nc = archive
     out = prepare([nc], tmp_path / "c.zarr", variables=["t2m"], coarsen=2, space_chunk=4, progress=False)
