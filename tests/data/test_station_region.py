@@ -33,3 +33,7 @@ def test_a_region_restricts_grid_stations_and_reads(store: str, stations: str) -
     np.testing.assert_allclose(unnormalise(plain, batch.target.y[..., 0])[ok], want[ok], atol=1e-3)
     with pytest.raises(DataError, match="reaches outside the store"):
         datamodule(store, stations, region=(40.0, 51.0, -0.5, 0.5))
+    with pytest.raises(DataError, match=r"holds 1 latitude\(s\) x 5 longitude\(s\) .* at least 2 grid points"):
+        datamodule(store, stations, region=(50.5, 50.6, -0.5, 0.5), coarsen=1)
+    with pytest.raises(DataError, match=r"0 distinct station\(s\) inside region \[51\.5, 51\.75, -0\.25, 0\.0\] of"):
+        datamodule(store, stations, region=(51.5, 51.75, -0.25, 0.0), coarsen=1)

@@ -268,6 +268,12 @@ class StationReanalysisDataModule(StoreDataModule):
         region = None
         if self.region is not None:
             box = select(ds, region=self.region)
+            if min(box.sizes["latitude"], box.sizes["longitude"]) < 2:
+                raise DataError(
+                    f"region {list(self.region)} holds {box.sizes['latitude']} latitude(s) x "
+                    f"{box.sizes['longitude']} longitude(s) of the store {path}; a station task needs at least 2 "
+                    "grid points along each. Widen the region."
+                )
             region, ds = region_index(ds, box), box
         for v in variables:
             if ds[v].dims != DIMS:
@@ -281,9 +287,11 @@ class StationReanalysisDataModule(StoreDataModule):
         table = read_stations(station_file, lat, lon)
         keep = (table["inside"] & ~(table["duplicate"] & self.unique_grid_points)).to_numpy()
         if keep.sum() < 2:
+            where = f"region {list(self.region)} of the store" if self.region is not None else "the store"
             raise DataError(
-                f"{station_file}: {int(keep.sum())} distinct station(s) inside the store {path}, which covers "
-                f"{coverage(ds)}; need at least 2 (context and targets). Use a station file for this region."
+                f"{station_file}: {int(keep.sum())} distinct station(s) inside {where} {path}, which covers "
+                f"{coverage(ds)}; need at least 2 (context and targets). Use a station file for this region"
+                f"{' or a larger region' if self.region is not None else ''}."
             )
         kept = table[keep]
         self.station_table = kept.reset_index(drop=True)
