@@ -60,8 +60,16 @@ def resolution_for(lon_range: tuple[float, float], lat_range: tuple[float, float
 
 
 def _split_jumps(line: np.ndarray) -> list[np.ndarray]:
-    """A polyline cut where consecutive longitudes jump by more than 180 degrees (a wrap, not a coast)."""
+    """A polyline cut where consecutive longitudes jump by more than 180 degrees (a wrap, not a coast), and where it
+    reaches the South Pole: GSHHS closes the two halves of Antarctica through the pole (along 0 and 180 degrees
+    east, then along 90 S), edges that are no coast."""
     cuts = np.flatnonzero(np.abs(np.diff(line[:, 0])) > 180.0) + 1
+    pole = line[:, 1] <= -89.9
+    if pole.any():  # drop the pole's points and cut there: runs of points off the pole remain
+        edges = np.flatnonzero(np.diff(pole.astype(np.int8))) + 1
+        parts = np.split(line, edges)
+        flags = np.split(pole, edges)
+        return [piece for part, flag in zip(parts, flags, strict=True) if not flag[0] for piece in _split_jumps(part)]
     return [part for part in np.split(line, cuts) if len(part) > 1]
 
 

@@ -23,6 +23,7 @@ from gridtnp.plots import (
     draw_map,
     geographic_axes,
     is_geographic,
+    map_aspect,
     oracle_posterior,
     plot_calibration,
     plot_gp1d,
@@ -87,16 +88,20 @@ def plot_station_errors(physical: Any, title: str = "") -> Figure:
         high = float(np.nanpercentile(np.concatenate([rmse, baseline]), 99))
         for _, _, style in panels[:2]:
             style["vmax"] = high
-    fig = Figure(figsize=(4.8 * len(panels), 4.2), layout="constrained")
+    # A map much wider than tall (global) gets two wide panels a row, as the task maps do.
+    ncols, size = (min(2, len(panels)), (7.2, 4.2)) if map_aspect([x]) > 1.5 else (len(panels), (4.8, 4.2))
+    nrows = -(-len(panels) // ncols)
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
     for i, (name, values, style) in enumerate(panels, start=1):
-        ax = fig.add_subplot(1, len(panels), i)
+        ax = fig.add_subplot(nrows, ncols, i)
         ok = np.isfinite(values)
         artist = draw_field(ax, x[ok], values[ok], True, **style)
         fig.colorbar(artist, ax=ax, shrink=0.85, label=f"RMSE [{units}]" if i < 3 else f"difference [{units}]")
         geographic_axes(ax, [x[ok]])
         ax.set_title(f"{name} ({int(ok.sum())} stations)", fontsize=9)
     hours = physical.sizes["time"]
-    fig.suptitle(title or f"per-station RMSE of {variable_label(physical['mean'].attrs)} over {hours} hours")
+    span = f"{hours} hours" if hours != 1 else "1 hour"
+    fig.suptitle(title or f"per-station RMSE of {variable_label(physical['mean'].attrs)} over {span}")
     return fig
 
 
@@ -126,8 +131,13 @@ def plot_station_series(physical: Any, stations: list[int] | None = None) -> Fig
         row = data.isel(station=s)
         time = row["time"].values
         mean, std, obs = (np.asarray(row[k].values, dtype=np.float64) for k in ("mean", "std", "observed"))
-        ax.fill_between(time, mean - h * std, mean + h * std, color="C0", alpha=0.25, lw=0, label="90 % interval")
-        ax.plot(time, mean, color="C0", lw=1.2, label="predictive mean")
+        if len(time) > 2:
+            ax.fill_between(time, mean - h * std, mean + h * std, color="C0", alpha=0.25, lw=0, label="90 % interval")
+            ax.plot(time, mean, color="C0", lw=1.2, label="predictive mean")
+        else:  # a band and a line need more hours: each hour's mean as a tick on its interval
+            ax.errorbar(time, mean, yerr=h * std, fmt="_", color="C0", ms=14, capsize=4, label="mean, 90 % interval")
+            hour = np.timedelta64(1, "h")
+            ax.set_xlim(time.min() - hour, time.max() + hour)
         ax.plot(time, obs, "k.", ms=3, label="observed")
         if "is_context" in row:
             ctx = np.asarray(row["is_context"].values).astype(bool)

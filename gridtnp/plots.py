@@ -70,6 +70,17 @@ def regular_grid(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
     return rows, cols, flat
 
 
+def map_aspect(points: list[np.ndarray]) -> float:
+    """Width over height of a geographic map of ``points`` (lists of ``[N, 2]`` (lat, lon)), a degree of longitude
+    at its length at the middle latitude (as ``geographic_axes`` draws it); 1 without points."""
+    xy = np.concatenate([p for p in points if len(p)]) if any(len(p) for p in points) else np.zeros((0, 2))
+    if not len(xy):
+        return 1.0
+    (lat_lo, lon_lo), (lat_hi, lon_hi) = xy.min(0), xy.max(0)
+    middle = float(np.clip((lat_lo + lat_hi) / 2, -80, 80))
+    return float(max(lon_hi - lon_lo, 0.5) * math.cos(math.radians(middle)) / max(lat_hi - lat_lo, 0.5))
+
+
 def geographic_axes(ax: Any, points: list[np.ndarray]) -> None:
     """Longitude / latitude labels, an aspect that keeps a degree of longitude its length at the map's middle
     latitude, and coastlines and borders (``gridtnp.coastlines``) over the extent of ``points`` (lists of
@@ -100,13 +111,17 @@ def draw_field(ax: Any, x: np.ndarray, values: np.ndarray, geographic: bool, **s
         image = np.full(len(rows) * len(cols), np.nan)
         image[flat] = values
         return ax.pcolormesh(cols, rows, image.reshape(len(rows), len(cols)), shading="nearest", **style)
-    size = float(np.clip(20_000 / max(len(values), 1), 4, 40))
+    # Marker area shrinks with the number of points, so that thousands of stations (clustered as they are over
+    # Europe and North America) stay apart on a panel, while a regional task's hundreds keep large markers.
+    size = float(np.clip(8_000 / max(len(values), 1), 3, 40))
     return ax.scatter(h, v, c=values, s=size, linewidths=0, **style)
 
 
 def _mark(ax: Any, x: np.ndarray, geographic: bool) -> None:
     h, v = (x[:, 1], x[:, 0]) if geographic else (x[:, 0], x[:, 1])
-    ax.scatter(h, v, marker="x", s=12, c="k", linewidths=0.7, label="context", zorder=4)
+    many = len(x) > 100  # hundreds of crosses would hide the values they mark
+    size, width = (float(np.clip(1_200 / len(x), 3, 12)), 0.4) if many else (12.0, 0.7)
+    ax.scatter(h, v, marker="x", s=size, c="k", linewidths=width, label="context", zorder=4)
 
 
 @dataclass
@@ -146,10 +161,12 @@ def draw_map(data: MapData, geographic: bool = False, title: str = "") -> Figure
         ("error (mean - target)", err, {"cmap": "RdBu_r", "vmin": -e_max, "vmax": e_max}, f"error [{units}]"),
         ("standardised error (target - mean) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}, "z (1)"),
     ]
-    ncols = 3
-    nrows = math.ceil((len(panels) + len(data.context)) / ncols)
-    fig = Figure(figsize=(4.8 * ncols, 3.8 * nrows), layout="constrained")
     extent = [data.x, *(xs for _, xs, _, _ in data.context)]
+    # A map much wider than tall (a global or zonal band) gets two wide panels a row instead of three small ones.
+    wide = geographic and map_aspect(extent) > 1.5
+    ncols, size = (2, (7.2, 4.2)) if wide else (3, (4.8, 3.8))
+    nrows = math.ceil((len(panels) + len(data.context)) / ncols)
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
     for i, (name, field_values, style, label) in enumerate(panels, start=1):
         ax = fig.add_subplot(nrows, ncols, i)
         artist = draw_field(ax, data.x, field_values, geographic, **style)

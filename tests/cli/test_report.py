@@ -58,6 +58,17 @@ def test_coastlines_follow_the_plot_longitudes_across_the_date_line() -> None:
     assert ax.get_xlim() == (-10, 2)
 
 
+def test_antarctica_has_its_coast_without_the_closures_through_the_pole() -> None:
+    """GSHHS closes both halves of Antarctica through the South Pole (along 0 and 180 degrees east); a global map
+    draws the ice front and none of those edges."""
+    south = coastline_segments((-180.0, 180.0), (-90.0, -60.0))
+    points = np.concatenate(south)
+    assert points[:, 1].min() > -80.0  # the Ross ice front is the southernmost coast, at about 78.6 S
+    on_meridians = [s for s in south if (np.isin(s[:, 0], (0.0, 180.0, -180.0)).sum() > 1 and np.ptp(s[:, 0]) == 0)]
+    assert not on_meridians
+    assert sum(len(s) for s in south if s[:, 1].max() < -60.0) > 150  # the coast itself is kept
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_maps_in_kelvin_with_coastlines_and_calibration_by_kind(checkpoint: Path) -> None:
     from gridtnp.cli.evaluate import load_checkpoint
