@@ -83,6 +83,31 @@ def test_maps_for_gridded_and_scattered_targets(tmp_path: Path) -> None:
     save(fig, tmp_path / "hist.png")
 
 
+def test_global_maps_have_two_wide_panels_a_row_and_small_markers() -> None:
+    """Thousands of stations over the globe: two panels a row (three for a regional map) and markers that shrink
+    with the number of points."""
+    g = torch.Generator().manual_seed(0)
+
+    def task(n: int, lat: tuple[float, float], lon: tuple[float, float]) -> tuple[Batch, torch.Tensor]:
+        x = torch.rand(1, n, 2, generator=g) * torch.tensor([lat[1] - lat[0], lon[1] - lon[0]])
+        x = x + torch.tensor([lat[0], lon[0]])
+        target = Observations(x, torch.randn(1, n, 1, generator=g))
+        return Batch({"stations": Observations(x[:, :50], target.y[:, :50])}, target), target.y
+
+    def columns(fig) -> int:
+        maps = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+        return len({ax.get_subplotspec().colspan.start for ax in maps})
+
+    world, y = task(8000, (-60.0, 80.0), (-180.0, 180.0))
+    fig = plot_map(world, y, torch.ones_like(y), geographic=True)
+    assert columns(fig) == 2
+    sizes = fig.axes[0].collections[0].get_sizes()
+    region, y = task(200, (50.0, 58.0), (-10.0, 2.0))
+    fig = plot_map(region, y, torch.ones_like(y), geographic=True)
+    assert columns(fig) == 3
+    assert sizes.max() < fig.axes[0].collections[0].get_sizes().min() / 5
+
+
 def test_plot_callback_logs_tensorboard_images(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
