@@ -10,6 +10,7 @@ uses it only when its training dates are those hours.
 * ``write_climatology(store, computed, train)``: write them into a store being prepared.
 * ``read_climatology(path, variables, hours, ...)``: ``{variable: [24, H * W]}`` from the store, or None when it has
   none for those variables and training hours.
+* ``computed_climatology(ds, variables, hours, where)``: the same computed from the store, a pass over those hours.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.layout import iso
+from gridtnp.data.layout import DataError, iso
+from gridtnp.data.store import time_chunk
 
 CLIMATOLOGY_GROUP = "climatology"
 CLIMATOLOGY_ATTR = "gridtnp_climatology"
@@ -82,4 +84,26 @@ def read_climatology(
         if values.ndim != 3:
             return None  # a level dimension: the station task takes 2-D variables only
         out[v] = values.reshape(24, -1).astype(np.float32)
+    return out
+
+
+def computed_climatology(
+    ds: xr.Dataset, variables: Sequence[str], hours: np.ndarray, where: str
+) -> dict[str, np.ndarray]:
+    """``{variable: [24, H * W]}``: the mean of ``ds``'s 2-D ``variables`` at each grid point and UTC hour of day over
+    the steps ``hours`` (indices into ``ds.time``), read a chunk at a time; ``where`` (the training dates and store)
+    names what lacks an hour of day."""
+    hour_of_day = ds.indexes["time"].hour.to_numpy()[hours]
+    missing = sorted(set(range(24)) - set(hour_of_day.tolist()))
+    if missing:
+        raise DataError(
+            f"{where}: climatology needs every hour of day among the training hours; hours {missing} have none. Use "
+            "a store with hourly data or set climatology: false."
+        )
+    out = {}
+    for v in variables:
+        field = ds[v].chunk({"time": time_chunk(ds[v])})  # streamed a chunk at a time, never whole
+        field = field.isel(time=xr.DataArray(hours, dims="time"))
+        field = field.assign_coords(time=("time", hour_of_day)).groupby("time").mean().values  # [24, H, W]
+        out[v] = field.reshape(24, -1).astype(np.float32)
     return out

@@ -173,6 +173,16 @@ def test_nans_are_masked_out_of_context_and_targets(tmp_path: Path, stations: st
     assert torch.isfinite(loss)
 
 
+def test_describe_counts_the_stations_grid_and_hours_it_uses(store: str, stations: str) -> None:
+    """The line ``gridtnp fit`` prints: 12 stations inside the 9 x 9 box, one sharing a grid point, two outside."""
+    dm = datamodule(store, stations, coarsen=[2, 3], eval_draws=2, eval_stride=5, grid_variables=["skt"])
+    assert dm.describe() == (
+        "12 stations of 15 in stations.csv (2 outside the store, 1 sharing a grid point dropped) on 9 x 9 grid "
+        "points; grid skt in 2 x 2 or 3 x 3 blocks (random offsets); targets all; train 48 hours, val 10 tasks, "
+        "test 10 tasks"
+    )
+
+
 def test_date_splits_are_in_range_and_disjoint(store: str, stations: str) -> None:
     dm = datamodule(store, stations)
     time = open_store(store).indexes["time"]
@@ -297,6 +307,8 @@ def test_bad_inputs_raise_errors_naming_what_to_fix(tmp_path: Path, store: str, 
         datamodule(str(tmp_path / "missing.zarr"), stations)
     with pytest.raises(ConfigError, match="context_fraction"):
         StationReanalysisDataModule(store=store, context_fraction=(0.5, 0.2))
+    with pytest.raises(DataError, match=r"training dates 2020-01-01T00 to 2020-01-01T11: climatology needs every hour"):
+        datamodule(store, stations, climatology=True, train_dates=("2020-01-01T00", "2020-01-01T11"))
 
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")

@@ -134,6 +134,10 @@ def test_windows_lie_inside_their_split(store: str) -> None:
         assert len(dm.starts[split]) == 24 - 4
     batch = next(iter(dm.test_dataloader()))
     assert set(batch.context["u850"].x[..., 0].unique().tolist()) <= {0.0, 1.0, 2.0, 3.0, 4.0}
+    assert dm.describe() == (
+        "4 sources (u850, v850, u500, u10) on 7 x 9 grid points, windows of 5 hours; targets u850, v850; window "
+        "starts: train 20, val 20, test 20"
+    )
 
 
 def test_nans_are_masked_and_never_reach_the_batch(tmp_path: Path) -> None:

@@ -373,6 +373,17 @@ class MultiSourceDataModule(StoreDataModule):
         source = next(s for s in self.sources if s.name == name)
         return source.variable, source.level
 
+    def describe(self) -> str:
+        """One line on what the tasks hold (after ``setup``), printed at the start of ``gridtnp fit``: the sources,
+        the region's points, the window and each split's windows."""
+        lat, lon = self.box
+        windows = ", ".join(f"{name} {len(starts):,}" for name, starts in self.starts.items())
+        return (
+            f"{len(self.sources)} sources ({', '.join(s.name for s in self.sources)}) on {len(lat):,} x {len(lon):,} "
+            f"grid points, windows of {self.window} hours; targets {', '.join(self.targets)}; window starts: "
+            f"{windows}"
+        )
+
     def predict_dataloader(self) -> DataLoader:
         """Consecutive, non-overlapping windows of the test split, ``batch_size`` a batch, predicted at every point."""
         self.setup()

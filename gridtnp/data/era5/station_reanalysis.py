@@ -9,6 +9,7 @@ A task is one hour: context ``"grid"`` (coarsened ERA5, ``x [B, G, 2]`` = (lat, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -17,13 +18,13 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader
 
-from gridtnp.data.climatology import CLIMATOLOGY_ATTR, read_climatology
+from gridtnp.data.climatology import CLIMATOLOGY_ATTR, computed_climatology, read_climatology
 from gridtnp.data.datamodules import check_counts
 from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationReanalysisTask
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
 from gridtnp.data.stations import snap_to_grid
-from gridtnp.data.store import normalisation_stats, region_index, select, time_chunk
+from gridtnp.data.store import normalisation_stats, region_index, select
 from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range
 from gridtnp.registry import ConfigError, register
 
@@ -295,6 +296,7 @@ class StationReanalysisDataModule(StoreDataModule):
             )
         kept = table[keep]
         self.station_table = kept.reset_index(drop=True)
+        self._station_counts = (station_file, len(table), int(table["inside"].sum()), int(keep.sum()))
         self.time_axis, self.box = ds.indexes["time"], (lat, lon)
         self.units = str(ds[self.station_variable].attrs.get("units", ""))
         self.long_name = str(ds[self.station_variable].attrs.get("long_name", self.station_variable))
@@ -347,21 +349,8 @@ class StationReanalysisDataModule(StoreDataModule):
         )
         if stored is not None:
             return stored
-        hour_of_day = ds.indexes["time"].hour.to_numpy()[hours]
-        missing = sorted(set(range(24)) - set(hour_of_day.tolist()))
-        if missing:
-            start, end = self.dates["train"]
-            raise DataError(
-                f"{path}: climatology needs every hour of day among the training hours ({start} to {end}); hours "
-                f"{missing} have none. Use a store with hourly data or set climatology: false."
-            )
-        out = {}
-        for v in variables:
-            field = ds[v].chunk({"time": time_chunk(ds[v])})  # streamed a chunk at a time, never whole
-            field = field.isel(time=xr.DataArray(hours, dims="time"))
-            field = field.assign_coords(time=("time", hour_of_day)).groupby("time").mean().values  # [24, H, W]
-            out[v] = field.reshape(24, -1).astype(np.float32)
-        return out
+        start, end = self.dates["train"]
+        return computed_climatology(ds, variables, hours, f"{path}, training dates {start} to {end}")
 
     def variable_metadata(self) -> dict[str, Any] | None:
         """The ERA5 DataModules' record (``StoreDataModule.variable_metadata``), plus, when the values are departures
@@ -402,6 +391,23 @@ class StationReanalysisDataModule(StoreDataModule):
         share = self.predict_context_fraction
         dataset = HourSet(self.task, split, self.batch_size, self.seed, "predict", 1, share, target_x)
         return DataLoader(dataset, shuffle=False, **self.loader_kwargs())
+
+    def describe(self) -> str:
+        """One line on what the tasks hold (after ``setup``), printed at the start of ``gridtnp fit``: the stations
+        kept of the station file's, the grid and its blocks, and each split's hours."""
+        file, total, inside, kept = self._station_counts
+        factors, offset = self.layouts["train"]
+        blocks = " or ".join(f"{c} x {c}" for c in factors) + " blocks"
+        blocks += " (random offsets)" if offset is None else f" (offset {list(offset)})"
+        hours = {name: len(split.target_time) for name, split in self.splits.items()}
+        tasks = {name: -(-hours[name] // self.eval_stride) * self.eval_draws for name in ("val", "test")}
+        return (
+            f"{kept:,} stations of {total:,} in {Path(file).name} ({total - inside:,} outside "
+            f"{'the region' if self.region is not None else 'the store'}, {inside - kept:,} sharing a grid point "
+            f"dropped) on {len(self.box[0]):,} x {len(self.box[1]):,} grid points; grid "
+            f"{', '.join(self.grid_variables) or 'none'} in {blocks}; targets {self.targets}; train "
+            f"{hours['train']:,} hours, " + ", ".join(f"{k} {n:,} task{'s' * (n != 1)}" for k, n in tasks.items())
+        )
 
     def eval_dataset(self, split: str) -> HourSet:
         """Every (``eval_stride``-th) hour of the ``"val"`` or ``"test"`` dates once, in order, ``eval_draws`` tasks
