@@ -159,8 +159,9 @@ def _template(obj: xr.DataArray | xr.Dataset, coords: Sequence[str]) -> xr.DataA
     return xr.broadcast(*[obj[c] for c in coords])[0]
 
 
-def _points(template: xr.DataArray, coords: Sequence[str], what: str) -> np.ndarray:
-    """Locations ``[N, Dx]`` of every element of ``template`` (C order over its dims) from its ``coords``."""
+def _points(template: xr.DataArray, coords: Sequence[str], what: str, centre: float = 0.0) -> np.ndarray:
+    """Locations ``[N, Dx]`` of every element of ``template`` (C order over its dims) from its ``coords``
+    (longitudes within 180 degrees of ``centre``)."""
     missing = [c for c in coords if c not in template.coords]
     if missing:
         raise ConfigError(
@@ -168,12 +169,14 @@ def _points(template: xr.DataArray, coords: Sequence[str], what: str) -> np.ndar
             "pass coords=... naming the model's inputs in order."
         )
     grids = [template[c].broadcast_like(template).transpose(*template.dims).values.reshape(-1) for c in coords]
-    return geographic_inputs(np.stack(grids, -1).astype(np.float64), coords, what).astype(np.float32)
+    return geographic_inputs(np.stack(grids, -1).astype(np.float64), coords, what, centre).astype(np.float32)
 
 
-def geographic_inputs(x: np.ndarray, coords: Sequence[str], what: str) -> np.ndarray:
+def geographic_inputs(x: np.ndarray, coords: Sequence[str], what: str, centre: float = 0.0) -> np.ndarray:
     """Check and normalise the geographic columns of ``x [N, Dx]`` (named by ``coords``): latitudes must lie in
-    [-90, 90] (else a ``ConfigError``), longitudes are wrapped into [-180, 180) as the models were trained with."""
+    [-90, 90] (else a ``ConfigError``), longitudes are wrapped into [centre - 180, centre + 180): [-180, 180) for
+    the models trained on prepared stores, one run past 180 degrees for a model of a box across the date line
+    (``longitude_centre``)."""
     x = x.copy()
     for d, name in enumerate(coords):
         column = x[:, d]
@@ -183,7 +186,7 @@ def geographic_inputs(x: np.ndarray, coords: Sequence[str], what: str) -> np.nda
                 f"predict: {what} has latitudes outside [-90, 90] (e.g. {bad[0]:g}); latitudes are in degrees north."
             )
         if name in ("longitude", "lon"):
-            x[:, d] = (column + 180.0) % 360.0 - 180.0  # 0..360 -> -180..180; NaN stays NaN
+            x[:, d] = (column - centre + 180.0) % 360.0 - 180.0 + centre  # NaN stays NaN
     return x
 
 
@@ -203,8 +206,24 @@ def checkpoint_statistics(module: Any) -> tuple[dict[str, Stats], list[Stats], l
     return sources, targets, attrs
 
 
+def longitude_centre(model: torch.nn.Module, coords: Sequence[str]) -> float:
+    """The middle of the longitudes a gridded ``model``'s grid spans (its input named ``longitude`` or ``lon`` in
+    ``coords``): 0 for a global grid, 170 for a box from 140 E to 160 W trained as 140 to 200; 0 without a grid."""
+    grid = getattr(model, "grid", None)
+    d = next((i for i, c in enumerate(coords) if c in ("longitude", "lon")), None)
+    if grid is None or d is None or d >= len(grid.lower):
+        return 0.0
+    return float(grid.lower[d] + grid.upper[d]) / 2.0
+
+
 def _observations(
-    name: str, array: xr.DataArray, coords: Sequence[str], batch_dim: str | None, stats: Stats | None, origin: str
+    name: str,
+    array: xr.DataArray,
+    coords: Sequence[str],
+    batch_dim: str | None,
+    stats: Stats | None,
+    origin: str,
+    centre: float = 0.0,
 ) -> Observations:
     """One context source ``[B, N, 1]``: ``B`` entries along ``batch_dim`` (or 1), every other element a point.
 
@@ -213,7 +232,7 @@ def _observations(
     """
     values = array.expand_dims("_task") if batch_dim is None else array.rename({batch_dim: "_task"})
     values = values.transpose("_task", ...)
-    x = _points(values.isel(_task=0, drop=True), coords, f"context {name!r}")
+    x = _points(values.isel(_task=0, drop=True), coords, f"context {name!r}", centre)
     y = values.values.reshape(values.sizes["_task"], -1).astype(np.float64)
     y[~np.isfinite(y)] = np.nan  # +-inf is missing, like NaN
     units = str(array.attrs.get("units", "")).strip()
@@ -357,9 +376,10 @@ def predict(
     ``NeuralProcessModule`` or a ``NeuralProcess``.
 
     Inputs are checked where they enter: latitudes outside [-90, 90] are refused, longitudes are wrapped into
-    [-180, 180) (a 0-360 field is read correctly), +-inf values are missing like NaN, and context values in
-    physical units without any statistics are refused (a ``units`` attribute, or mean or std above ``RAW_UNITS``),
-    as are values that the statistics do not bring near the normalised range.
+    [-180, 180) (a 0-360 field is read correctly; for a model whose grid is a box across the date line, within 180
+    degrees of its middle: -170 reads as 190 for a grid from 140 to 200), +-inf values are missing like NaN, and
+    context values in physical units without any statistics are refused (a ``units`` attribute, or mean or std above
+    ``RAW_UNITS``), as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
     context = check_context(model, context, coords, batch_dim)
@@ -377,17 +397,17 @@ def predict(
         context, target_reference = departures_from_reference(module, context, targets, coords, batch_dim)
         saved = {name: (0.0, std) for name, (_, std) in saved.items()}
         saved_targets = [(0.0, std) for _, std in saved_targets]
-    obs = {}
+    obs, centre = {}, longitude_centre(model, coords)
     for name, array in context.items():
         given = (stats or {}).get(name)
         origin = "the given stats" if given is not None else "the checkpoint's statistics"
-        obs[name] = _observations(name, array, coords, batch_dim, given or saved.get(name), origin)
+        obs[name] = _observations(name, array, coords, batch_dim, given or saved.get(name), origin, centre)
     sizes = {o.x.shape[0] for o in obs.values()}
     if len(sizes) != 1:
         raise ConfigError(f"predict: the context sources have different numbers of tasks along {batch_dim!r}: {sizes}.")
     b = sizes.pop()
     template = _template(targets, coords)
-    xt = torch.from_numpy(_points(template, coords, "targets")).expand(b, -1, -1)
+    xt = torch.from_numpy(_points(template, coords, "targets", centre)).expand(b, -1, -1)
     device = next(model.parameters()).device
     batch = Batch(obs, Observations(xt)).to(device)
     model.warn_outside_grid(batch.context, batch.target)

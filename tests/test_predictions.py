@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -242,3 +243,28 @@ def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
     bare = small_station_model()
     with pytest.raises(ConfigError, match=r"context 'grid' has units 'K'.*neither the caller nor the model"):
         predict(bare, {"grid": (grid - 278.0), "stations": stations}, targets)
+
+
+def test_a_model_of_a_box_across_the_date_line_reads_its_longitudes_past_180() -> None:
+    """A model trained on a date-line store (longitudes 150 to 190) given fields in [-180, 180) or 0-360: the same
+    points, within the grid, so the same predictions and no warning that they lie outside it."""
+    torch.manual_seed(0)
+    module = NeuralProcessModule(
+        dim_x=2, dim_y={"grid": 1}, target_source="grid", dim=16,
+        grid={"lower": [-20.0, 150.0], "upper": [20.0, 190.0], "shape": [4, 4]},
+        encoder={"name": "mlp"}, grid_encoder={"name": "pseudo_token"}, processor={"name": "swin", "layers": 1},
+        grid_decoder={"name": "knn", "k": 4}, likelihood={"name": "gaussian"},
+    )  # fmt: skip
+    lat, lon = np.arange(-20.0, 20.1, 10.0), np.array([150.0, 160.0, 170.0, 180.0, 190.0])
+    values = 280 + np.random.default_rng(0).standard_normal((len(lat), len(lon)))
+    targets = xr.Dataset(coords={"latitude": [-5.0, 5.0], "longitude": [175.0, 185.0]})
+    stats = {"grid": (280.0, 2.0)}
+    out = {}
+    for name, shift in (("past 180", 0.0), ("-180 to 180", -360.0)):
+        east = lon + np.where(lon >= 180.0, shift, 0.0)
+        grid = xr.DataArray(values, dims=("latitude", "longitude"), coords={"latitude": lat, "longitude": east})
+        there = targets.assign_coords(longitude=targets.longitude + np.where(targets.longitude >= 180, shift, 0.0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # outside the model's grid: a warning
+            out[name] = predict(module, {"grid": grid}, there, stats=stats, target_stats=(280.0, 2.0))
+    np.testing.assert_allclose(out["past 180"]["mean"].values, out["-180 to 180"]["mean"].values, rtol=1e-6)

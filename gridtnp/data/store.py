@@ -6,6 +6,8 @@ statistics in ``attrs["gridtnp_stats"]``.
 
 * ``open_store(path_or_url, variables)``: the store as a lazy ``xarray.Dataset``, its layout checked
   (``check_layout``) or, with ``convert_layout``, converted on read; ``time_chunk(var)``: its steps per chunk.
+* ``continuous_longitudes(ds)``: a store of a box across the date line (stored as two runs, ``[-180, east]`` and
+  ``[west, 180)``) as one run eastward from its western edge, past 180 degrees (``date_line_order``).
 * ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box; ``region_index(ds, box)``: the
   index slices of such a box (for ``ChunkCache``).
 * ``normalisation_stats(ds, variable, level)``: ``(mean, std)`` of a variable over the training period.
@@ -54,9 +56,12 @@ def open_store(
     storage_options: dict[str, Any] | None = None,
     convert_layout: bool = False,
     chunked: bool = True,
+    continuous: bool = False,
 ) -> xr.Dataset:
     """Open a prepared Zarr store lazily and check its layout: dask arrays of the store's own chunks, or with
     ``chunked=False`` xarray's lazy backend arrays (no task graph; ``time_chunk(var)`` gives the chunking).
+    ``continuous``: a store of a box across the date line comes as one run of longitudes (``continuous_longitudes``),
+    as the DataModules read it.
 
     ``path_or_url`` is a local path or a URL (``gs://...`` needs gcsfs; pass ``storage_options={"token": "anon"}``
     for public buckets). ``variables`` keeps only those data variables; each is ``[time, ..., latitude, longitude]``.
@@ -97,7 +102,36 @@ def open_store(
     check_layout(ds, source)
     if chunked:
         ds = ds.assign({v: var.chunk(var.encoding.get("preferred_chunks", {})) for v, var in ds.data_vars.items()})
-    return ds
+    return continuous_longitudes(ds) if continuous else ds
+
+
+def date_line_order(lon: np.ndarray) -> np.ndarray | None:
+    """``[W]`` column order that makes longitudes ``lon`` (ascending in [-180, 180)) one run eastward when they are
+    a box across the date line: regular steps but one gap inside, and contiguous across 180 degrees (what
+    ``gridtnp data prepare --region`` writes for ``LON_MIN > LON_MAX``); None for any other axis."""
+    lon = np.asarray(lon, np.float64)
+    if lon.size < 3:
+        return None
+    steps = np.diff(lon)
+    step = float(np.median(steps))
+    gaps = np.flatnonzero(steps > 1.5 * step)
+    if len(gaps) != 1 or not np.isclose(lon[0] + 360.0 - lon[-1], step, rtol=1e-3):
+        return None
+    east = int(gaps[0]) + 1  # the box's western edge: the first point after the gap
+    return np.r_[east : lon.size, 0:east]
+
+
+def continuous_longitudes(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with the longitudes of a box across the date line (``date_line_order``) in one run, those east of 180
+    degrees raised by 360 (a box from 140 E to 160 W reads 140 to 200), lazily; any other ``ds`` as it is. The
+    station and multi-source tasks, and the models' grids, then see one regular axis."""
+    order = date_line_order(ds["longitude"].values)
+    if order is None:
+        return ds
+    out = ds.isel(longitude=order)
+    lon = out["longitude"].values.astype(np.float64)
+    lon[lon < lon[0]] += 360.0
+    return out.assign_coords(longitude=("longitude", lon, ds["longitude"].attrs))
 
 
 def time_chunk(var: xr.DataArray) -> int:
@@ -155,8 +189,10 @@ def select(
     lat_min, lat_max, lon_min, lon_max = map(float, region)
     if lat_min > lat_max or lon_min > lon_max:
         raise DataError(
-            f"Region {tuple(region)} must be (lat_min, lat_max, lon_min, lon_max) with min <= max "
-            "(longitudes in [-180, 180); regions crossing the antimeridian are not supported)."
+            f"Region {tuple(region)} must be (lat_min, lat_max, lon_min, lon_max) with min <= max, in the store's "
+            f"longitudes ({coverage(ds)}). For a box across the date line, prepare it as a store of its own "
+            "(gridtnp data prepare ... --region with LON_MIN > LON_MAX): its longitudes read as one run past 180 "
+            "degrees (140 to 200 for 140 E to 160 W)."
         )
     lat, lon = ds["latitude"].values, ds["longitude"].values
     if lat_min < lat.min() or lat_max > lat.max() or lon_min < lon.min() or lon_max > lon.max():
@@ -269,7 +305,9 @@ class ChunkCache:
         without dask, whose graph costs as much as the read of a 4 MiB chunk (and of a converted archive's
         1.3 M-step axis, minutes); a converted layout is read through index arrays, as one selection per chunk."""
         if self._ds is None or self._pid != os.getpid():
-            ds = open_store(self.store, self.variables or None, self.storage_options, self.convert_layout, False)
+            ds = open_store(
+                self.store, self.variables or None, self.storage_options, self.convert_layout, False, continuous=True
+            )
             self._ds = ds.isel(self.region) if self.region else ds
             self._pid, self._lru, self._bounds, self._pool = os.getpid(), OrderedDict(), {}, None
         return self._ds

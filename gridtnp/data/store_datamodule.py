@@ -159,7 +159,9 @@ class StoreDataModule(TaskDataModule):
         """The store (prepared first if it is the sample), lazily (xarray's backend arrays, no dask), with
         ``variables`` only."""
         self.prepare_data()
-        return open_store(self.store_path(), variables, self.storage_options, self.convert_layout, chunked=False)
+        return open_store(
+            self.store_path(), variables, self.storage_options, self.convert_layout, chunked=False, continuous=True
+        )
 
     def chunk_cache(self, variables: Sequence[str], region: dict[str, slice] | None = None) -> ChunkCache:
         """A per-process chunk cache on the store for ``variables`` (``cache_chunks`` chunks per variable)."""
