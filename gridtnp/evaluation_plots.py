@@ -19,6 +19,7 @@ from gridtnp.metrics import central_interval_halfwidth
 from gridtnp.plots import (
     MAX_MARKED_POINTS,
     MapData,
+    compact_longitudes,
     draw_field,
     draw_map,
     geographic_axes,
@@ -77,7 +78,7 @@ def plot_station_errors(physical: Any, title: str = "") -> Figure:
     units = str(physical["mean"].attrs.get("units", ""))
     err = (physical["mean"] - physical["observed"]) ** 2
     rmse = np.sqrt(err.mean("time", skipna=True).values)
-    x = np.stack([physical["latitude"].values, physical["longitude"].values], -1)
+    x = compact_longitudes([np.stack([physical["latitude"].values, physical["longitude"].values], -1)])[0]
     panels = [("model RMSE", rmse, {"cmap": "magma_r", "vmin": 0.0})]
     if "baseline_sq_error" in physical:
         baseline = np.sqrt(physical["baseline_sq_error"].mean("time", skipna=True).values)

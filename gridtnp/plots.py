@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import lightning as L
@@ -68,6 +68,24 @@ def regular_grid(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | N
     if len(np.unique(flat)) != len(x):
         return None
     return rows, cols, flat
+
+
+def compact_longitudes(points: list[np.ndarray]) -> list[np.ndarray]:
+    """Point sets ``[N, 2]`` (lat, lon) with longitudes shifted by 360 degrees where that at least halves the
+    map's width: cut at the widest band of longitude with no point, so that stations of a box across the date line
+    (140 E to 160 W, read from a file as 140..180 and -180..-160) make one map from 140 to 200. Global and other
+    maps keep their longitudes."""
+    lon = np.concatenate([p[:, 1] for p in points if len(p)]) if any(len(p) for p in points) else np.zeros(0)
+    lon = lon[np.isfinite(lon)]
+    if lon.size < 2:
+        return points
+    ring = np.unique(np.mod(lon, 360.0))
+    gaps = np.diff(np.r_[ring, ring[0] + 360.0])
+    west = float(ring[(int(gaps.argmax()) + 1) % len(ring)])
+    west = (west + 180.0) % 360.0 - 180.0
+    if 360.0 - float(gaps.max()) > (lon.max() - lon.min()) / 2:
+        return points
+    return [np.c_[p[:, :1], west + np.mod(p[:, 1:2] - west, 360.0), p[:, 2:]] if len(p) else p for p in points]
 
 
 def map_aspect(points: list[np.ndarray]) -> float:
@@ -147,6 +165,15 @@ def draw_map(data: MapData, geographic: bool = False, title: str = "") -> Figure
     its units. Geographic maps (``x = (lat, lon)`` in degrees) get coastlines and borders."""
     y, m, s = data.observed, data.mean, data.std
     err, z = m - y, (y - m) / s
+    if geographic:  # targets, context and marks in one longitude convention, a map across the date line one piece
+        shifted = compact_longitudes([data.x, *(xs for _, xs, _, _ in data.context), *data.marked])
+        k = len(data.context)
+        data = replace(
+            data,
+            x=shifted[0],
+            context=[(n, xs, v, lab) for (n, _, v, lab), xs in zip(data.context, shifted[1 : k + 1], strict=True)],
+            marked=shifted[k + 1 :],
+        )
     values = np.concatenate([y, m, *(v for _, _, v, label in data.context if label == data.label)])
     values = values[np.isfinite(values)]
     low, high = np.percentile(values, [1, 99]) if len(values) else (0.0, 1.0)

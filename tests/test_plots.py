@@ -16,7 +16,14 @@ from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.cli import main
 from gridtnp.data import SyntheticDataModule
-from gridtnp.plots import PlotCallback, evaluation_figures, plot_map, plot_standardised_errors, regular_grid
+from gridtnp.plots import (
+    PlotCallback,
+    compact_longitudes,
+    evaluation_figures,
+    plot_map,
+    plot_standardised_errors,
+    regular_grid,
+)
 from gridtnp.registry import build_from_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,3 +166,15 @@ def test_reliability_diagram_coverage_of_calibrated_and_over_confident_errors(tm
     fig = plot_reliability({"calibrated": z, "over-confident": 2.0 * z})
     fig.savefig(tmp_path / "reliability.png")
     assert (tmp_path / "reliability.png").read_bytes()[:4] == PNG
+
+
+def test_maps_across_the_date_line_are_one_piece_and_others_keep_their_longitudes() -> None:
+    pacific = np.array([[-20.0, 150.0], [-15.0, 178.0], [-14.0, -172.0], [-18.0, -178.5]])
+    grid = np.array([[-20.0, 140.0], [0.0, 200.0]])  # a context read past 180 degrees
+    out = compact_longitudes([pacific, grid])
+    assert out[0][:, 1].tolist() == [150.0, 178.0, 188.0, 181.5] and out[1][:, 1].tolist() == [140.0, 200.0]
+    np.testing.assert_array_equal(out[0][:, 0], pacific[:, 0])
+    world = np.array([[0.0, -170.0], [10.0, -60.0], [50.0, 0.0], [30.0, 100.0], [-30.0, 170.0]])
+    uk = np.array([[50.0, -10.0], [58.0, 2.0]])
+    for kept in (world, uk):
+        np.testing.assert_array_equal(compact_longitudes([kept])[0], kept)
