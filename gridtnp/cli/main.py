@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
+import warnings
+from typing import Any
 
 from gridtnp.registry import KINDS, ConfigError, available, describe, document
 
@@ -73,11 +76,30 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def show_own_warnings_as_lines() -> None:
+    """Print the warnings gridtnp's own code raises as one line each, ``gridtnp: warning: ...``, without the file
+    name and source line Python adds (they point into gridtnp, not at what the user should change)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    default = warnings.showwarning
+    if getattr(default, "gridtnp_lines", False):
+        return
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if os.path.abspath(filename).startswith(package) and issubclass(category, UserWarning):
+            print(f"gridtnp: warning: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    show.gridtnp_lines = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gridtnp`` console script."""
     import gridtnp
 
     args = sys.argv[1:] if argv is None else list(argv)
+    show_own_warnings_as_lines()
     if "--verbose" in args:
         args.remove("--verbose")
     elif args and args[0] not in ("data", "-h", "--help", "--version"):

@@ -25,6 +25,7 @@ import xarray as xr
 
 from gridtnp.data.archive import parse_region
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
+from gridtnp.data.input_checks import warn_time_gaps
 from gridtnp.data.inputs import Selection, axis_summary, open_sources
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR, DataError, iso, select_time
 from gridtnp.data.output_store import as_written, finish_store, is_prepared_store, stats_attr
@@ -75,6 +76,7 @@ def append(
     source = open_sources(inputs, names, steps, selection)
     try:
         new = as_written(source, coarsen)
+        warn_time_gaps(new.indexes["time"], f"{path} and {len(inputs)} input(s) appended", after=last)
         for dim in ("latitude", "longitude"):
             if not np.array_equal(new[dim].values, old[dim].values):
                 raise DataError(

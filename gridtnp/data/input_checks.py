@@ -8,6 +8,8 @@
   ``[time, ..., latitude, longitude]``.
 * ``check_units(parts, paths)``: a variable held by several inputs has the same ``units`` in each.
 * ``check_writable(path, option)``: the output's folder can be written.
+* ``warn_time_gaps(time, where, after)``: a warning naming the stretches missing from the time axis (a daily file
+  that failed to download is a day no task will see).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, normalise
@@ -142,3 +145,34 @@ def check_writable(path: Any, option: str) -> None:
     folder = Path(path).parent
     if folder.is_dir() and not os.access(folder, os.W_OK):
         raise DataError(f"{option} {path}: the folder {folder} is not writable; choose a writable location.")
+
+
+def warn_time_gaps(time: pd.DatetimeIndex, where: str, after: Any = None) -> None:
+    """Warn (``UserWarning``) when the ascending ``time`` axis skips steps: where two consecutive steps lie more
+    than 1.5 of its usual step (the most common one) apart, and between ``after`` (a store's last step, when
+    appending) and its first step. Gaps may be meant (winters only), so this is no error; a decade of daily files
+    with one missing would otherwise train without that day and say nothing."""
+    stamps = pd.DatetimeIndex(time)
+    if after is not None:
+        stamps = pd.DatetimeIndex([pd.Timestamp(after)]).append(stamps)
+    if len(stamps) < 3:
+        return
+    steps = np.diff(stamps.asi8)
+    values, counts = np.unique(steps, return_counts=True)
+    step = int(values[counts.argmax()])
+    gaps = np.flatnonzero(steps > 1.5 * step)
+    if not len(gaps):
+        return
+    usual = pd.Timedelta(step, "ns")
+    missing = [(stamps[i] + usual, stamps[i + 1] - usual, round(steps[i] / step) - 1) for i in gaps]
+    listed = "; ".join(f"{a:%Y-%m-%dT%H:%M} to {b:%Y-%m-%dT%H:%M} ({n} steps)" for a, b, n in missing[:3])
+    more = f"; and {len(missing) - 3} more" if len(missing) > 3 else ""
+    hours = usual / pd.Timedelta(hours=1)
+    length = f"{hours:g} h" if hours < 48 else f"{hours / 24:g} days"
+    warnings.warn(
+        f"{where}: the time axis skips {sum(n for *_, n in missing)} steps of {length} in {len(missing)} gap(s): "
+        f"{listed}{more}. An input file missing? No task will see those hours, and multi-source windows do not "
+        "span them.",
+        UserWarning,
+        stacklevel=2,
+    )

@@ -35,7 +35,7 @@ import xarray as xr
 from gridtnp.data.archive import parse_region
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
 from gridtnp.data.freed_memory import keep_freed_memory
-from gridtnp.data.input_checks import check_writable
+from gridtnp.data.input_checks import check_writable, warn_time_gaps
 from gridtnp.data.inputs import (
     NETCDF_CHUNK_CACHE,
     Selection,
@@ -127,6 +127,7 @@ def prepare(
         source = open_sources(inputs, variables, time_chunk, selection)
         try:
             ds = as_written(source, coarsen)
+            warn_time_gaps(ds.indexes["time"], f"{len(inputs)} input(s) from {inputs[0]}")
             space = space_chunks(ds, space_chunk)
             steps = min(time_chunk or auto_time_chunk(ds, space), ds.sizes["time"])
             ds = ds.chunk({dim: steps if dim == "time" else space.get(str(dim), -1) for dim in ds.dims})

@@ -50,3 +50,24 @@ def test_a_mistake_through_the_console_entry_point_is_one_line_and_status_2(tmp_
         "variance_calibration, warmup_steps, weight_decay."
     ]
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_gridtnp_warnings_print_as_one_line_without_python_source(tmp_path: Path) -> None:
+    """A warning of gridtnp's own (here: a day missing between two input files) prints as ``gridtnp: warning: ...``,
+    without the file name, line number and source line Python adds."""
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    for day in (1, 3):
+        time = pd.date_range(f"2020-01-0{day}", periods=24, freq="h")
+        values = np.zeros((24, 2, 2), np.float32)
+        coords = {"time": time, "latitude": [50.0, 51.0], "longitude": [0.0, 1.0]}
+        field = xr.Dataset({"t2m": (("time", "latitude", "longitude"), values)}, coords=coords)
+        field.to_netcdf(tmp_path / f"{day}.nc")
+    run = gridtnp("data", "prepare", "1.nc", "3.nc", "--out", "gap.zarr", "--quiet", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stderr.splitlines()
+    said = "gridtnp: warning: 2 input(s) from 1.nc: the time axis skips 24 steps"
+    assert any(line.startswith(said) for line in lines), run.stderr
+    assert not [line for line in lines if re.search(r"\.py:\d+: |UserWarning|warn_time_gaps\(", line)], run.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 
 import dask
@@ -15,6 +16,7 @@ import zarr
 
 from gridtnp.cli import main
 from gridtnp.data import sample_path
+from gridtnp.data.append import append as prepare_append
 from gridtnp.data.inputs import _step_chunks
 from gridtnp.data.layout import STATS_ATTR, DataError, normalise
 from gridtnp.data.prepare import prepare
@@ -169,6 +171,22 @@ def test_files_split_in_time_combine(tmp_path: Path) -> None:
     shifted = write_nc(src.isel(time=slice(4, 8)).assign_coords(lat=[0.5, 1.5]), tmp_path / "c.nc")
     with pytest.raises(DataError, match=r"c\.nc: its latitude axis \(2 values, 0.5 to 1.5\) differs from .*a\.nc's"):
         prepare([files[1], shifted], tmp_path / "x.zarr", progress=False)
+
+
+def test_a_gap_in_time_is_named_in_a_warning_when_preparing_and_appending(tmp_path: Path) -> None:
+    """A daily file missing from the inputs (or between a store and what is appended to it) is a warning that names
+    the missing hours; an unbroken axis gives none."""
+    src = synthetic(np.array([0.0, 1.0]), np.array([0.0, 5.0]), steps=72)
+    days = [write_nc(src.isel(time=slice(24 * d, 24 * d + 24)), tmp_path / f"day{d}.nc") for d in range(3)]
+    gap = r"skips 24 steps of 1 h in 1 gap\(s\): 2020-01-02T00:00 to 2020-01-02T23:00 \(24 steps\)"
+    with pytest.warns(UserWarning, match=r"2 input\(s\) from .*day0\.nc: the time axis " + gap):
+        prepare([days[0], days[2]], tmp_path / "gap.zarr", progress=False)
+    store = prepare([days[0]], tmp_path / "append.zarr", progress=False)
+    with pytest.warns(UserWarning, match=r"append\.zarr and 1 input\(s\) appended: the time axis " + gap):
+        prepare_append([days[2]], store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(days, tmp_path / "whole.zarr", progress=False)
 
 
 def test_bad_inputs_name_the_file_and_what_was_expected(tmp_path: Path) -> None:
