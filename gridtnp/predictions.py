@@ -18,6 +18,7 @@ In a notebook, ``predict(module, context, targets)`` does the same for xarray in
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,13 @@ import numpy as np
 import pandas as pd
 import torch
 import xarray as xr
+import zarr
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
 from gridtnp.data.stations import snap_to_grid
-from gridtnp.files import check_output, replacing
+from gridtnp.files import check_output, remove_path, replace_path, replacing
 from gridtnp.models.neural_process import TARGET_CHUNK
 from gridtnp.prediction_inputs import check_context, utc_times
 from gridtnp.redaction import redact_text
@@ -48,20 +50,30 @@ UNITLESS = ("", "1", "normalised", "normalized")
 class PredictionWriter(BasePredictionWriter):
     """Writes ``gridtnp predict``'s outputs as an ``xarray.Dataset`` to ``path`` (``.nc`` or ``.zarr``).
 
+    A Zarr store is written as the batches come, ``tasks_per_write`` tasks at a time appended along time, so memory
+    stays bounded however many hours are predicted (a year of hourly predictions at 9,000 stations would otherwise
+    hold about 10 GB); NetCDF, and outputs a DataModule cannot convert (``raw_predictions``), are written once at the
+    end. Either way the file appears at ``path`` only when complete.
+
     Args:
         path: output file; default ``<log dir>/predictions.nc``. Under DDP each rank writes its own part,
             ``<stem>.rank<r><suffix>``.
         overwrite: replace an existing file at ``path``, if it holds gridtnp predictions (never anything else,
             such as the data store being read).
+        tasks_per_write: tasks converted and appended to a Zarr store at a time.
     """
 
-    def __init__(self, path: str | None = None, overwrite: bool = False) -> None:
-        super().__init__(write_interval="epoch")
+    def __init__(self, path: str | None = None, overwrite: bool = False, tasks_per_write: int = 256) -> None:
+        super().__init__(write_interval="batch")
         if path is not None and Path(path).suffix not in (".nc", ".zarr"):
             raise ConfigError(f"predictions.path {path!r}: expected a .nc (NetCDF) or .zarr file name.")
-        self.path, self.overwrite = path, overwrite
+        if tasks_per_write < 1:
+            raise ConfigError(f"predictions.tasks_per_write {tasks_per_write}: expected at least 1.")
+        self.path, self.overwrite, self.tasks_per_write = path, overwrite, tasks_per_write
         self.recipe: list[str] = []  # set by the CLI: the recipe file(s) used
         self.written: Path | None = None
+        self._pending: list[Any] = []
+        self._partial: Path | None = None  # the Zarr store being appended to, beside ``path``
 
     def output_path(self, trainer: Any) -> Path:
         """Where this rank writes: ``path`` (or the default in the log directory), per rank under DDP."""
@@ -74,31 +86,66 @@ class PredictionWriter(BasePredictionWriter):
         """Refuse an existing output before any prediction is made (``check_output``)."""
         option = "--predictions.overwrite true"
         check_output(self.output_path(trainer), "prediction file", option, self.overwrite, is_prediction_file)
+        self._pending, self._partial, self.written = [], None, None
 
-    def write_on_epoch_end(self, trainer: Any, pl_module: Any, predictions: Sequence[Any], batch_indices: Any) -> None:
-        outputs = _flatten(predictions)
-        if not outputs:
+    def write_on_batch_end(
+        self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        self._pending.append(prediction)
+        streamed = self.output_path(trainer).suffix == ".zarr" and self._convert(trainer) is not None
+        if streamed and sum(len(o["mean"]) for o in self._pending) >= self.tasks_per_write:
+            self._append(trainer, pl_module)
+
+    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """Write what is left and move the file into place."""
+        path = self.output_path(trainer)
+        if self._partial is not None:  # a Zarr store written as the batches came
+            if self._pending:
+                self._append(trainer, pl_module)
+            zarr.consolidate_metadata(str(self._partial))
+            replace_path(self._partial, path)
+            self._partial = None
+        elif self._pending:
+            outputs, self._pending = self._pending, []
+            convert = self._convert(trainer)
+            ds = convert(outputs) if convert is not None else raw_predictions(outputs)
+            write_dataset(self._described(ds, trainer, pl_module), path)
+        else:
             return
-        datamodule = trainer.datamodule
-        convert = optional(datamodule, "predictions_to_xarray")
-        ds = convert(outputs) if convert is not None else raw_predictions(outputs)
+        self.written = path
+        print(f"gridtnp: predictions written to {path}")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self._partial is not None:  # an interrupted prediction leaves no partial store behind
+            remove_path(self._partial)
+            self._partial = None
+
+    def _convert(self, trainer: Any) -> Any:
+        return optional(trainer.datamodule, "predictions_to_xarray")
+
+    def _append(self, trainer: Any, pl_module: Any) -> None:
+        """Convert the pending outputs and write them to the partial Zarr store, after what it holds along time."""
+        outputs, self._pending = self._pending, []
+        ds = self._described(self._convert(trainer)(outputs), trainer, pl_module)
+        if self._partial is None:
+            path = self.output_path(trainer)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._partial = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+            ds.to_zarr(self._partial, mode="w", zarr_format=2, consolidated=False)
+        else:
+            appended = [name for name, var in ds.variables.items() if "time" in var.dims]
+            ds[appended].to_zarr(self._partial, append_dim="time", consolidated=False)
+
+    def _described(self, ds: xr.Dataset, trainer: Any, pl_module: Any) -> xr.Dataset:
+        """``ds`` with the run's provenance: checkpoint, recipe (its text, secrets redacted) and model class."""
         ds.attrs["checkpoint"] = str(trainer.ckpt_path) if trainer.ckpt_path else "none (initial weights)"
         ds.attrs["recipe"] = ", ".join(self.recipe) or "none"
         for i, recipe in enumerate(self.recipe):
             if os.path.isfile(recipe):
                 ds.attrs[f"recipe_text_{i}" if i else "recipe_text"] = redact_text(Path(recipe).read_text())
         ds.attrs["model"] = type(getattr(pl_module, "model", pl_module)).__name__
-        path = self.output_path(trainer)
-        write_dataset(ds, path)
-        self.written = path
-        print(f"gridtnp: predictions written to {path}")
-
-
-def _flatten(predictions: Sequence[Any]) -> list[Any]:
-    """Lightning returns a list per dataloader when there are several; one list of batch outputs otherwise."""
-    if predictions and isinstance(predictions[0], list):
-        return [p for group in predictions for p in group]
-    return list(predictions)
+        return ds
 
 
 def is_prediction_file(path: Path) -> bool:

@@ -78,6 +78,23 @@ def test_predict_on_a_dense_grid_to_zarr(checkpoint: Path, tmp_path: Path) -> No
     assert ds["mean"].attrs["units"] == "K" and np.isfinite(ds["mean"].values).all()
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_zarr_written_batch_by_batch_equals_the_netcdf_written_at_once(checkpoint: Path, tmp_path: Path) -> None:
+    """Zarr predictions are appended ``tasks_per_write`` tasks at a time (bounded memory): the same dataset, values,
+    coordinates and attributes, as the NetCDF file written in one go; Lightning keeps no outputs meanwhile."""
+    common = [
+        "--config", RECIPE, "--ckpt_path", str(checkpoint), "--data.init_args.batch_size", "7",
+        "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(tmp_path),
+    ]  # fmt: skip
+    run = cli("predict", *common, "--predictions.path", str(tmp_path / "p.zarr"), "--predictions.tasks_per_write", "20")
+    assert not run.trainer.predict_loop.predictions  # nothing held besides what was written
+    cli("predict", *common, "--predictions.path", str(tmp_path / "p.nc"))
+    streamed, once = xr.open_zarr(tmp_path / "p.zarr").load(), xr.open_dataset(tmp_path / "p.nc").load()
+    xr.testing.assert_identical(streamed, once)
+    assert streamed.sizes["time"] == 5 * 24 and not list(tmp_path.glob(".p.zarr.tmp-*"))
+
+
 def small_station_model() -> NeuralProcessModule:
     return NeuralProcessModule(
         dim_x=2, dim_y={"grid": 1, "stations": 1}, target_source="stations", dim=16,

@@ -242,13 +242,18 @@ class GridTNPCLI(LightningCLI):
         return str(path)
 
     def before_predict(self) -> None:
-        """Tell the prediction writer which recipe produced the run (recorded in the file's attributes)."""
+        """Tell the prediction writer which recipe produced the run (recorded in the file's attributes), and keep
+        Lightning from holding every batch's outputs (``--return_predictions true`` to keep them)."""
         from gridtnp.predictions import PredictionWriter
 
         configs = [str(c) for c in self.config[self.subcommand].get("config") or []]
         for callback in self.trainer.callbacks:
             if isinstance(callback, PredictionWriter):
                 callback.recipe = configs
+        # The writer keeps what it writes; Lightning would also keep every batch's outputs until the end.
+        config = self.config_init[self.subcommand]
+        if config.get("return_predictions") is None:
+            config["return_predictions"] = False
 
     def test(self, **kwargs: Any) -> Any:
         """``trainer.test`` without Lightning's own results table: ``after_test`` prints gridtnp's."""
