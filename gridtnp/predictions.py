@@ -52,8 +52,8 @@ class PredictionWriter(BasePredictionWriter):
 
     A Zarr store is written as the batches come, ``tasks_per_write`` tasks at a time appended along time, so memory
     stays bounded however many hours are predicted (a year of hourly predictions at 9,000 stations would otherwise
-    hold about 2 GB of outputs, more once converted); NetCDF, and outputs a DataModule cannot convert (``raw_predictions``), are written once at the
-    end. Either way the file appears at ``path`` only when complete.
+    hold about 2 GB of outputs, more once converted); NetCDF, and outputs a DataModule cannot convert
+    (``raw_predictions``), are written once at the end. Either way the file appears at ``path`` only when complete.
 
     Args:
         path: output file; default ``<log dir>/predictions.nc``. Under DDP each rank writes its own part,
