@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from gridtnp.data.layout import DataError, iso
-from gridtnp.data.store import continuous_longitudes, time_chunk
+from gridtnp.data.store import continuous_longitudes, longitudes_from, time_chunk
 
 CLIMATOLOGY_GROUP = "climatology"
 CLIMATOLOGY_ATTR = "gridtnp_climatology"
@@ -63,8 +63,10 @@ def read_climatology(
     record: dict[str, Any] | None,
     storage_options: dict[str, Any] | None = None,
     region: dict[str, slice] | None = None,
+    west: float | None = None,
 ) -> dict[str, np.ndarray] | None:
-    """``{variable: [24, H * W]}`` (the ``region`` of it) from the store's climatology group, or None unless
+    """``{variable: [24, H * W]}`` (the ``region`` of it, a global store's columns from ``west`` as the DataModules
+    read it) from the store's climatology group, or None unless
     ``record`` (the store's ``attrs[CLIMATOLOGY_ATTR]``) covers every variable, all 24 hours, and exactly the
     training hours ``hours`` (indices into the store's ``time`` index)."""
     if not record or len(hours) == 0:
@@ -76,6 +78,7 @@ def read_climatology(
         return None
     ds = xr.open_zarr(str(path), group=CLIMATOLOGY_GROUP, storage_options=storage_options, chunks=None)
     ds = continuous_longitudes(ds.sortby("hour"))  # in the columns' order the DataModules read the store in
+    ds = longitudes_from(ds, west) if west is not None else ds
     if region:
         ds = ds.isel(region)
     out = {}

@@ -7,7 +7,9 @@ statistics in ``attrs["gridtnp_stats"]``.
 * ``open_store(path_or_url, variables)``: the store as a lazy ``xarray.Dataset``, its layout checked
   (``check_layout``) or, with ``convert_layout``, converted on read; ``time_chunk(var)``: its steps per chunk.
 * ``continuous_longitudes(ds)``: a store of a box across the date line (stored as two runs, ``[-180, east]`` and
-  ``[west, 180)``) as one run eastward from its western edge, past 180 degrees (``date_line_order``).
+  ``[west, 180)``) as one run eastward from its western edge, past 180 degrees (``date_line_order``);
+  ``longitudes_from(ds, west)``: a global store's columns from ``west`` eastward, past 180 degrees, so that a region
+  across the date line is one box of it.
 * ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box; ``region_index(ds, box)``: the
   index slices of such a box (for ``ChunkCache``).
 * ``normalisation_stats(ds, variable, level)``: ``(mean, std)`` of a variable over the training period.
@@ -57,11 +59,13 @@ def open_store(
     convert_layout: bool = False,
     chunked: bool = True,
     continuous: bool = False,
+    west: float | None = None,
 ) -> xr.Dataset:
     """Open a prepared Zarr store lazily and check its layout: dask arrays of the store's own chunks, or with
     ``chunked=False`` xarray's lazy backend arrays (no task graph; ``time_chunk(var)`` gives the chunking).
     ``continuous``: a store of a box across the date line comes as one run of longitudes (``continuous_longitudes``),
-    as the DataModules read it.
+    as the DataModules read it; ``west``: a global store's columns start there (``longitudes_from``), for a region
+    across the date line.
 
     ``path_or_url`` is a local path or a URL (``gs://...`` needs gcsfs; pass ``storage_options={"token": "anon"}``
     for public buckets). ``variables`` keeps only those data variables; each is ``[time, ..., latitude, longitude]``.
@@ -102,7 +106,34 @@ def open_store(
     check_layout(ds, source)
     if chunked:
         ds = ds.assign({v: var.chunk(var.encoding.get("preferred_chunks", {})) for v, var in ds.data_vars.items()})
-    return continuous_longitudes(ds) if continuous else ds
+    ds = continuous_longitudes(ds) if continuous else ds
+    return longitudes_from(ds, west) if west is not None else ds
+
+
+def spans_globe(lon: np.ndarray) -> bool:
+    """Whether the regular longitudes ``lon`` go all the way round (their step times their count is 360)."""
+    return lon.size > 1 and bool(np.isclose(float(np.median(np.diff(lon))) * lon.size, 360.0, rtol=1e-4))
+
+
+def longitudes_from(ds: xr.Dataset, west: float) -> xr.Dataset:
+    """A global ``ds`` with its columns starting at the first longitude at or east of ``west`` and running east past
+    180 degrees (``west`` 140 on a 0.25 degree grid: 140, ..., 179.75, 180, ..., 499.75), lazily, so that a box
+    from 140 E to 160 W is the box 140 to 200 of it; any other ``ds`` (a regional store) as it is."""
+    lon = ds["longitude"].values.astype(np.float64)
+    if not spans_globe(lon):
+        return ds
+    first = int(np.searchsorted(lon, (west + 180.0) % 360.0 - 180.0 - 1e-9)) % lon.size
+    out = ds.isel(longitude=np.r_[first : lon.size, 0:first])
+    rolled = out["longitude"].values.astype(np.float64)
+    rolled[rolled < rolled[0]] += 360.0
+    return out.assign_coords(longitude=("longitude", rolled, ds["longitude"].attrs))
+
+
+def unwrapped_region(region: Sequence[float]) -> tuple[float, float, float, float]:
+    """``(lat_min, lat_max, lon_min, lon_max)`` with a box across the date line (``lon_min > lon_max``) written as
+    one run east of ``lon_min`` (``140, -160`` -> ``140, 200``), as the DataModules read such a box."""
+    lat_min, lat_max, lon_min, lon_max = map(float, region)
+    return lat_min, lat_max, lon_min, lon_max + 360.0 if lon_min > lon_max else lon_max
 
 
 def date_line_order(lon: np.ndarray) -> np.ndarray | None:
@@ -190,9 +221,9 @@ def select(
     if lat_min > lat_max or lon_min > lon_max:
         raise DataError(
             f"Region {tuple(region)} must be (lat_min, lat_max, lon_min, lon_max) with min <= max, in the store's "
-            f"longitudes ({coverage(ds)}). For a box across the date line, prepare it as a store of its own "
-            "(gridtnp data prepare ... --region with LON_MIN > LON_MAX): its longitudes read as one run past 180 "
-            "degrees (140 to 200 for 140 E to 160 W)."
+            f"longitudes ({coverage(ds)}). A box across the date line is one run past 180 degrees (140 to 200 for "
+            "140 E to 160 W): open a global store with open_store(..., west=lon_min) and select that, as the "
+            "DataModules do with region=(lat_min, lat_max, lon_min, lon_max) and lon_min > lon_max."
         )
     lat, lon = ds["latitude"].values, ds["longitude"].values
     if lat_min < lat.min() or lat_max > lat.max() or lon_min < lon.min() or lon_max > lon.max():
@@ -261,7 +292,8 @@ class ChunkCache:
     """Whole time chunks ``[steps, ..., H, W]`` of a lazily opened store, kept in an LRU per process.
 
     ``region`` (``{"latitude": slice, "longitude": slice}`` of indices) restricts every read to a box, so only the
-    spatial chunks overlapping it are fetched from a store chunked in space too.
+    spatial chunks overlapping it are fetched from a store chunked in space too; the indices are those of the store
+    as the DataModules open it (``open_store(..., continuous=True, west=west)``).
 
     The store is opened on first use in each process (a DataLoader worker opens its own handle) and the handle
     and cached arrays are dropped when pickled. The chunks a read misses are fetched concurrently,
@@ -279,9 +311,10 @@ class ChunkCache:
         region: dict[str, slice] | None = None,
         convert_layout: bool = False,
         fetch_threads: int | None = None,
+        west: float | None = None,
     ) -> None:
         self.store, self.capacity, self.storage_options = store, capacity, storage_options
-        self.convert_layout = convert_layout
+        self.convert_layout, self.west = convert_layout, west
         self.variables, self.region = list(variables), dict(region or {})
         # Chunks missing from a batch are fetched concurrently from a remote store (latency, not bandwidth, bounds
         # one chunk at a time); a local store reads them in turn.
@@ -306,7 +339,7 @@ class ChunkCache:
         1.3 M-step axis, minutes); a converted layout is read through index arrays, as one selection per chunk."""
         if self._ds is None or self._pid != os.getpid():
             ds = open_store(
-                self.store, self.variables or None, self.storage_options, self.convert_layout, False, continuous=True
+                self.store, self.variables or None, self.storage_options, self.convert_layout, False, True, self.west
             )
             self._ds = ds.isel(self.region) if self.region else ds
             self._pid, self._lru, self._bounds, self._pool = os.getpid(), OrderedDict(), {}, None

@@ -25,7 +25,7 @@ import xarray as xr
 from gridtnp.batch import Observations
 from gridtnp.data.datamodules import TaskDataModule
 from gridtnp.data.layout import STATS_ATTR, DataError, iso, select_time
-from gridtnp.data.store import ChunkCache, normalisation_stats, open_store
+from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, unwrapped_region
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError
 
@@ -160,13 +160,27 @@ class StoreDataModule(TaskDataModule):
         ``variables`` only."""
         self.prepare_data()
         return open_store(
-            self.store_path(), variables, self.storage_options, self.convert_layout, chunked=False, continuous=True
+            self.store_path(), variables, self.storage_options, self.convert_layout, False, True, self.west()
         )
+
+    def west(self) -> float | None:
+        """Where a ``region`` across the date line (``lon_min > lon_max``) starts: a global store is read with its
+        columns from there eastward (``gridtnp.data.store.longitudes_from``); None for any other region."""
+        region = getattr(self, "region", None)
+        return float(region[2]) if region is not None and region[2] > region[3] else None
+
+    def read_region(self) -> tuple[float, float, float, float] | None:
+        """``region`` in the longitudes the store is read in: one run east of ``lon_min`` for a box across the date
+        line (``unwrapped_region``)."""
+        region = getattr(self, "region", None)
+        return unwrapped_region(region) if region is not None else None
 
     def chunk_cache(self, variables: Sequence[str], region: dict[str, slice] | None = None) -> ChunkCache:
         """A per-process chunk cache on the store for ``variables`` (``cache_chunks`` chunks per variable)."""
         capacity = self.cache_chunks * len(variables)
-        return ChunkCache(self.store_path(), capacity, self.storage_options, variables, region, self.convert_layout)
+        return ChunkCache(
+            self.store_path(), capacity, self.storage_options, variables, region, self.convert_layout, west=self.west()
+        )
 
     def split_hours(self, ds: xr.Dataset, path: str) -> dict[str, np.ndarray]:
         """Indices into ``ds.time`` of each split's hours ``{split: [T]}``; errors name the split and the store."""

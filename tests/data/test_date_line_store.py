@@ -35,8 +35,8 @@ def expected_t2m(lat: np.ndarray, lon: np.ndarray, hour: np.ndarray) -> np.ndarr
 
 
 @pytest.fixture(scope="module")
-def pacific(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The box 20 S to 20 N, 150 E to 170 W of a global NetCDF file, prepared with its hourly climatology."""
+def world(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A global NetCDF file prepared whole, with its hourly climatology."""
     tmp = tmp_path_factory.mktemp("date_line")
     time = pd.date_range("2020-01-01", periods=HOURS, freq="h")
     hour, lat, lon = np.meshgrid(np.arange(HOURS), LAT, LON, indexing="ij")
@@ -46,20 +46,30 @@ def pacific(tmp_path_factory: pytest.TempPathFactory) -> str:
         coords={"time": time, "latitude": LAT, "longitude": LON},
     )
     ds.to_netcdf(tmp / "global.nc")
-    out = prepare(
-        [tmp / "global.nc"], tmp / "pacific.zarr", region="-20,20,150,-170", train_end="2020-01-02", climatology=True,
-        progress=False,
-    )  # fmt: skip
-    return str(out)
+    return str(
+        prepare([tmp / "global.nc"], tmp / "world.zarr", train_end="2020-01-02", climatology=True, progress=False)
+    )
 
 
-def test_the_store_is_two_runs_and_reads_as_one(pacific: str) -> None:
+@pytest.fixture(scope="module")
+def pacific(world: str) -> str:
+    """The box 20 S to 20 N, 150 E to 170 W of the global store, prepared as a store of its own."""
+    out = Path(world).with_name("pacific.zarr")
+    return str(
+        prepare([world], out, region="-20,20,150,-170", train_end="2020-01-02", climatology=True, progress=False)
+    )
+
+
+def test_the_store_is_two_runs_and_reads_as_one(pacific: str, world: str) -> None:
     stored = open_store(pacific)
     assert stored["longitude"].values.tolist() == [-180.0, -170.0, 150.0, 160.0, 170.0]
     ds = open_store(pacific, continuous=True)
     assert ds["longitude"].values.tolist() == [150.0, 160.0, 170.0, 180.0, 190.0]
     np.testing.assert_array_equal(ds["t2m"].sel(longitude=190.0).values, stored["t2m"].sel(longitude=-170.0).values)
     assert date_line_order(LON) is None and date_line_order(np.array([0.0, 10.0, 30.0, 40.0])) is None
+    rolled = open_store(world, continuous=True, west=150.0)["longitude"].values
+    assert rolled[:4].tolist() == [150.0, 160.0, 170.0, 180.0] and rolled[-1] == 500.0 and len(rolled) == len(LON)
+    assert open_store(pacific, continuous=True, west=150.0)["longitude"].values[-1] == 190.0  # regional: as it is
 
 
 def test_station_tasks_on_the_store_see_one_run_of_longitudes(pacific: str, tmp_path: Path) -> None:
@@ -96,6 +106,42 @@ def test_multisource_windows_on_the_store_see_one_run_of_longitudes(pacific: str
     assert x[:, 2].min() >= 150.0 and x[:, 2].max() <= 190.0 and (x[:, 2] > 180.0).any()
 
 
-def test_a_region_with_lon_min_above_lon_max_names_the_store_longitudes_and_the_way(pacific: str) -> None:
-    with pytest.raises(DataError, match=r"longitude 150 to 190\). For a box across the date line, prepare it as a"):
-        StationReanalysisDataModule(store=pacific, coarsen=1, region=(-10.0, 10.0, 170.0, -175.0), **DATES).setup()
+def test_a_region_across_the_date_line_of_a_global_store_is_its_own_store(world: str, pacific: str) -> None:
+    """``region=(-20, 20, 150, -170)`` on the global store reads the columns from 150 E eastward: the same tasks,
+    stations and stored climatology as the box prepared as a store of its own."""
+    station_file = Path(world).with_name("stations.csv")
+    rows = [(0.0, 160.0), (10.0, -170.0), (-10.0, 180.0), (20.0, 170.0), (0.0, 100.0), (0.0, -100.0)]
+    pd.DataFrame(rows, columns=["latitude", "longitude"]).to_csv(station_file, index=False)
+    common = {"stations": str(station_file), "coarsen": 2, "climatology": True, "batch_size": 3, **DATES}
+    common["stats"] = {"t2m": (250.0, 10.0)}  # the stores' own differ: one over the globe, one over the box
+    whole = StationReanalysisDataModule(store=world, region=(-20.0, 20.0, 150.0, -170.0), **common)
+    box = StationReanalysisDataModule(store=pacific, **common)
+    whole.setup(), box.setup()
+    assert whole.box[1].tolist() == box.box[1].tolist() == [150.0, 160.0, 170.0, 180.0, 190.0]
+    assert whole.task.cache.reads == 0  # the stored climatology of the global store, its region's columns
+    np.testing.assert_array_equal(whole.task.climatology["t2m"], box.task.climatology["t2m"])
+    assert whole.describe().replace("the region", "the store") == box.describe()
+    for split in ("train", "test"):
+        a = whole.split_task(split).sample(3, torch.Generator().manual_seed(1))
+        b = box.split_task(split).sample(3, torch.Generator().manual_seed(1))
+        for name in ("grid", "stations"):
+            torch.testing.assert_close(a.context[name].x, b.context[name].x)
+            torch.testing.assert_close(a.context[name].y, b.context[name].y)
+        torch.testing.assert_close(a.target.y, b.target.y)
+    ms = {"variables": ["t2m", "skt"], "target_variables": ["t2m"], "window": 2, **DATES}
+    ms["stats"] = {"t2m": (250.0, 10.0), "skt": (255.0, 10.0)}
+    a = MultiSourceDataModule(store=world, region=(-20.0, 20.0, 150.0, -170.0), **ms)
+    b = MultiSourceDataModule(store=pacific, **ms)
+    a.setup(), b.setup()
+    batch_a = a.split_task("train").sample(2, torch.Generator().manual_seed(0))
+    batch_b = b.split_task("train").sample(2, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(batch_a.context["skt"].x, batch_b.context["skt"].x)
+    torch.testing.assert_close(batch_a.context["skt"].y, batch_b.context["skt"].y)
+
+
+def test_a_region_with_lon_min_above_lon_max_on_a_regional_store_reads_it_past_180(pacific: str) -> None:
+    dm = StationReanalysisDataModule(store=pacific, coarsen=1, region=(-10.0, 10.0, 170.0, -170.0), **DATES)
+    dm.setup()
+    assert dm.box[1].tolist() == [170.0, 180.0, 190.0]
+    with pytest.raises(DataError, match=r"lon 170 to 195 reaches outside the store, .* longitude 150 to 190"):
+        StationReanalysisDataModule(store=pacific, coarsen=1, region=(-10.0, 10.0, 170.0, -165.0), **DATES).setup()

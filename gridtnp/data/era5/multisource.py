@@ -180,7 +180,8 @@ class MultiSourceDataModule(StoreDataModule):
         store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample (t2m only).
         variables: the context sources, ``"name"`` or ``"name@level"`` (e.g. ``["u@700", "v@700", "u10"]``).
         target_variables: the variables predicted at the targets, in ``variables``' notation (default: all).
-        region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store).
+        region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store); ``lon_min >
+            lon_max`` is a box across the date line, read as one run past 180 degrees.
         window: consecutive hours per task (T).
         context_fraction: ``(a, b)``: each source's context share per task ``~ U[a, b]`` (the paper's
             U[0.05, 0.25]).
@@ -288,7 +289,7 @@ class MultiSourceDataModule(StoreDataModule):
         path = self.store_path()
         variables = list(dict.fromkeys(s.variable for s in self.sources))
         ds = self.open(variables)
-        box = select(ds, region=self.region) if self.region is not None else ds
+        box = select(ds, region=self.read_region()) if self.region is not None else ds
         lat, lon = box["latitude"].values, box["longitude"].values
         region = {
             "latitude": _index_slice(ds["latitude"].values, lat),

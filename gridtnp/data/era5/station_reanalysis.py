@@ -77,7 +77,8 @@ class StationReanalysisDataModule(StoreDataModule):
             ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) and reuses it.
         stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
         region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store): the grid, the
-            stations and the climatology are those of this box, and only its spatial chunks are read.
+            stations and the climatology are those of this box, and only its spatial chunks are read (``lon_min >
+            lon_max``: a box across the date line, read as one run past 180 degrees, 140 to 200 for ``140, -160``).
         station_variable: the variable observed at the stations (context and targets).
         grid_variables: the variables of the on-the-grid context; an empty list drops the ``"grid"`` source (the
             paper's t2m-only ablation: stations alone).
@@ -268,7 +269,7 @@ class StationReanalysisDataModule(StoreDataModule):
         ds = self.open(variables)
         region = None
         if self.region is not None:
-            box = select(ds, region=self.region)
+            box = select(ds, region=self.read_region())
             if min(box.sizes["latitude"], box.sizes["longitude"]) < 2:
                 raise DataError(
                     f"region {list(self.region)} holds {box.sizes['latitude']} latitude(s) x "
@@ -291,8 +292,7 @@ class StationReanalysisDataModule(StoreDataModule):
             where = f"region {list(self.region)} of the store" if self.region is not None else "the store"
             raise DataError(
                 f"{station_file}: {int(keep.sum())} distinct station(s) inside {where} {path}, which covers "
-                f"{coverage(ds)}; need at least 2 (context and targets). Use a station file for this region"
-                f"{' or a larger region' if self.region is not None else ''}."
+                f"{coverage(ds)}; need at least 2 (context and targets). Use a station file for this region."
             )
         kept = table[keep]
         self.station_table = kept.reset_index(drop=True)
@@ -343,10 +343,9 @@ class StationReanalysisDataModule(StoreDataModule):
         """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours,
         read from the store when ``gridtnp data prepare --climatology`` stored it for those hours, else computed
         from the store (a pass over the training period)."""
-        hours = self.splits["train"].target_time
-        stored = read_climatology(
-            path, variables, ds.indexes["time"], hours, ds.attrs.get(CLIMATOLOGY_ATTR), self.storage_options, region
-        )
+        hours, record = self.splits["train"].target_time, ds.attrs.get(CLIMATOLOGY_ATTR)
+        options = {"storage_options": self.storage_options, "region": region, "west": self.west()}
+        stored = read_climatology(path, variables, ds.indexes["time"], hours, record, **options)
         if stored is not None:
             return stored
         start, end = self.dates["train"]
@@ -393,19 +392,16 @@ class StationReanalysisDataModule(StoreDataModule):
         return DataLoader(dataset, shuffle=False, **self.loader_kwargs())
 
     def describe(self) -> str:
-        """One line on what the tasks hold (after ``setup``), printed at the start of ``gridtnp fit``: the stations
-        kept of the station file's, the grid and its blocks, and each split's hours."""
+        """One line on what the tasks hold (after ``setup``), printed at the start of ``gridtnp fit``."""
         file, total, inside, kept = self._station_counts
-        factors, offset = self.layouts["train"]
-        blocks = " or ".join(f"{c} x {c}" for c in factors) + " blocks"
-        blocks += " (random offsets)" if offset is None else f" (offset {list(offset)})"
-        hours = {name: len(split.target_time) for name, split in self.splits.items()}
-        tasks = {name: -(-hours[name] // self.eval_stride) * self.eval_draws for name in ("val", "test")}
+        (factors, offset), hours = self.layouts["train"], {k: len(v.target_time) for k, v in self.splits.items()}
+        tasks = {k: -(-hours[k] // self.eval_stride) * self.eval_draws for k in ("val", "test")}
         return (
             f"{kept:,} stations of {total:,} in {Path(file).name} ({total - inside:,} outside "
             f"{'the region' if self.region is not None else 'the store'}, {inside - kept:,} sharing a grid point "
             f"dropped) on {len(self.box[0]):,} x {len(self.box[1]):,} grid points; grid "
-            f"{', '.join(self.grid_variables) or 'none'} in {blocks}; targets {self.targets}; train "
+            f"{', '.join(self.grid_variables) or 'none'} in {' or '.join(f'{c} x {c}' for c in factors)} blocks ("
+            f"{'random offsets' if offset is None else f'offset {list(offset)}'}); targets {self.targets}; train "
             f"{hours['train']:,} hours, " + ", ".join(f"{k} {n:,} task{'s' * (n != 1)}" for k, n in tasks.items())
         )
 
