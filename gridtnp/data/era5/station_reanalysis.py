@@ -446,10 +446,13 @@ class StationReanalysisDataModule(StoreDataModule):
         s = len(station_x)
         if x is None or (x.shape[1] == s and bool((x == station_x).all())):  # without x: in station order
             return output
-        index = {tuple(p): i for i, p in enumerate(self.task.station_x.tolist())}
         b, p = x.shape[:2]
-        where = torch.tensor([[index.get(tuple(q), -1) for q in row] for row in x.tolist()], dtype=torch.long)
-        where = where.reshape(b, p)
+        # Each location (two float32 coordinates, bit for bit) as one int64 key, looked up among the stations' keys.
+        keys = np.ascontiguousarray(self.task.station_x, dtype=np.float32).view(np.int64)[:, 0]  # [S]
+        query = np.ascontiguousarray(x.reshape(-1, 2).numpy(), dtype=np.float32).view(np.int64)[:, 0]  # [B * P]
+        order = np.argsort(keys, kind="stable")
+        at = np.clip(np.searchsorted(keys[order], query), 0, s - 1)
+        where = torch.from_numpy(np.where(keys[order][at] == query, order[at], -1).reshape(b, p))
         keep = (where >= 0) & output["mask"].bool()
         rows = torch.arange(b)[:, None].expand(b, p)[keep]
         out = dict(output)
