@@ -130,10 +130,13 @@ def longitudes_from(ds: xr.Dataset, west: float) -> xr.Dataset:
 
 
 def unwrapped_region(region: Sequence[float]) -> tuple[float, float, float, float]:
-    """``(lat_min, lat_max, lon_min, lon_max)`` with a box across the date line (``lon_min > lon_max``) written as
-    one run east of ``lon_min`` (``140, -160`` -> ``140, 200``), as the DataModules read such a box."""
+    """``(lat_min, lat_max, lon_min, lon_max)`` as one run of longitudes eastward from ``lon_min`` taken in
+    [-180, 180): a box across the date line (``140, -160``, or in 0-360 degrees ``140, 200``) reads ``140, 200``,
+    as the DataModules read such a box; ``180, -170`` reads ``-180, -170``; other boxes as they are."""
     lat_min, lat_max, lon_min, lon_max = map(float, region)
-    return lat_min, lat_max, lon_min, lon_max + 360.0 if lon_min > lon_max else lon_max
+    span = lon_max - lon_min
+    west = (lon_min + 180.0) % 360.0 - 180.0
+    return lat_min, lat_max, west, west + (span if 0.0 <= span <= 360.0 else span % 360.0)
 
 
 def date_line_order(lon: np.ndarray) -> np.ndarray | None:

@@ -164,10 +164,11 @@ class StoreDataModule(TaskDataModule):
         )
 
     def west(self) -> float | None:
-        """Where a ``region`` across the date line (``lon_min > lon_max``) starts: a global store is read with its
-        columns from there eastward (``gridtnp.data.store.longitudes_from``); None for any other region."""
-        region = getattr(self, "region", None)
-        return float(region[2]) if region is not None and region[2] > region[3] else None
+        """Where a ``region`` across the date line (``lon_min > lon_max``, or past 180 in 0-360 degrees) starts: a
+        global store is read with its columns from there eastward (``gridtnp.data.store.longitudes_from``); None
+        for any other region."""
+        box = self.read_region()
+        return box[2] if box is not None and box[3] > 180.0 else None
 
     def read_region(self) -> tuple[float, float, float, float] | None:
         """``region`` in the longitudes the store is read in: one run east of ``lon_min`` for a box across the date

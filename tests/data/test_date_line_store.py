@@ -16,7 +16,7 @@ from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule
 from gridtnp.data.climatology import computed_climatology
 from gridtnp.data.layout import DataError
 from gridtnp.data.prepare import prepare
-from gridtnp.data.store import date_line_order, open_store
+from gridtnp.data.store import date_line_order, open_store, unwrapped_region
 from tests.data.test_era5 import unnormalise
 
 LAT = np.arange(-30.0, 30.1, 10.0)  # 7
@@ -70,6 +70,9 @@ def test_the_store_is_two_runs_and_reads_as_one(pacific: str, world: str) -> Non
     rolled = open_store(world, continuous=True, west=150.0)["longitude"].values
     assert rolled[:4].tolist() == [150.0, 160.0, 170.0, 180.0] and rolled[-1] == 500.0 and len(rolled) == len(LON)
     assert open_store(pacific, continuous=True, west=150.0)["longitude"].values[-1] == 190.0  # regional: as it is
+    assert unwrapped_region((0, 1, 140, -160)) == unwrapped_region((0, 1, 140, 200)) == (0.0, 1.0, 140.0, 200.0)
+    assert unwrapped_region((0, 1, 180, -170)) == (0.0, 1.0, -180.0, -170.0)
+    assert unwrapped_region((0, 1, -10, 2)) == (0.0, 1.0, -10.0, 2.0)
 
 
 def test_station_tasks_on_the_store_see_one_run_of_longitudes(pacific: str, tmp_path: Path) -> None:
@@ -118,6 +121,9 @@ def test_a_region_across_the_date_line_of_a_global_store_is_its_own_store(world:
     box = StationReanalysisDataModule(store=pacific, **common)
     whole.setup(), box.setup()
     assert whole.box[1].tolist() == box.box[1].tolist() == [150.0, 160.0, 170.0, 180.0, 190.0]
+    in_0_360 = StationReanalysisDataModule(store=world, region=(-20.0, 20.0, 150.0, 190.0), **common)
+    in_0_360.setup()
+    assert in_0_360.box[1].tolist() == whole.box[1].tolist()
     assert whole.task.cache.reads == 0  # the stored climatology of the global store, its region's columns
     np.testing.assert_array_equal(whole.task.climatology["t2m"], box.task.climatology["t2m"])
     assert whole.describe().replace("the region", "the store") == box.describe()
