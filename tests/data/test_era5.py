@@ -181,6 +181,8 @@ def test_describe_counts_the_stations_grid_and_hours_it_uses(store: str, station
         "points; grid skt in 2 x 2 or 3 x 3 blocks (random offsets); targets all; train 48 hours, val 10 tasks, "
         "test 10 tasks"
     )
+    points = datamodule(store, stations, random_points=20, num_targets=5).describe()
+    assert points.startswith("20 random grid points a task instead of 12 stations") and "all (5 a task)" in points
 
 
 def test_date_splits_are_in_range_and_disjoint(store: str, stations: str) -> None:

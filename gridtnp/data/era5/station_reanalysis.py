@@ -396,13 +396,15 @@ class StationReanalysisDataModule(StoreDataModule):
         file, total, inside, kept = self._station_counts
         (factors, offset), hours = self.layouts["train"], {k: len(v.target_time) for k, v in self.splits.items()}
         tasks = {k: -(-hours[k] // self.eval_stride) * self.eval_draws for k in ("val", "test")}
+        points = f"{self.random_points:,} random grid points a task instead of " if self.random_points else ""
+        per_task = f" ({self.num_targets:,} a task)" if self.num_targets else ""
         return (
-            f"{kept:,} stations of {total:,} in {Path(file).name} ({total - inside:,} outside "
+            f"{points}{kept:,} stations of {total:,} in {Path(file).name} ({total - inside:,} outside "
             f"{'the region' if self.region is not None else 'the store'}, {inside - kept:,} sharing a grid point "
             f"dropped) on {len(self.box[0]):,} x {len(self.box[1]):,} grid points; grid "
             f"{', '.join(self.grid_variables) or 'none'} in {' or '.join(f'{c} x {c}' for c in factors)} blocks ("
-            f"{'random offsets' if offset is None else f'offset {list(offset)}'}); targets {self.targets}; train "
-            f"{hours['train']:,} hours, " + ", ".join(f"{k} {n:,} task{'s' * (n != 1)}" for k, n in tasks.items())
+            f"{'random offsets' if offset is None else f'offset {list(offset)}'}); targets {self.targets}{per_task}; "
+            f"train {hours['train']:,} hours, " + ", ".join(f"{k} {n:,} task{'s' * (n != 1)}" for k, n in tasks.items())
         )
 
     def eval_dataset(self, split: str) -> HourSet:
