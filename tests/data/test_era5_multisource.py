@@ -343,6 +343,8 @@ def test_predictions_cover_the_test_split_with_dense_maps(store: str) -> None:
     np.testing.assert_allclose(ds["v850_mean"].values, -u_field(850.0, h, la, lo), atol=1e-3)
     _, std = normalisation_stats(open_store(store), "u", 850.0)
     np.testing.assert_allclose(ds["u850_std"].values, std, rtol=1e-5)
+    # Batch by batch, as gridtnp predict appends them to a Zarr store: the same dataset once joined along time.
+    xr.testing.assert_identical(xr.concat([dm.predictions_to_xarray([o]) for o in outputs], dim="time"), ds)
 
 
 def test_variable_metadata_names_each_source_its_level_statistics_and_units(store: str) -> None:
