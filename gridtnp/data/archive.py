@@ -120,22 +120,18 @@ def level_dim(var: xr.DataArray) -> str | None:
 def level_indices(ds: xr.Dataset, picks: Sequence[Pick], levels: Sequence[float] | None) -> dict[str, list[int]]:
     """Per level dimension of the picked variables of ``ds``, the indices of the levels they read, in stored order
     (a dimension some pick reads whole is left out); ``levels`` a picked level variable lacks are refused."""
-    wanted: dict[str, set[float] | None] = {}
+    whole: set[str] = set()
+    kept: dict[str, set[int]] = {}
     for p in picks:
         dim = level_dim(ds[p.source])
         if dim is None:
             continue
-        if p.level is None and levels is not None:
-            level_positions(p.source, dim, ds[dim].values, levels)
-        values = {p.level} if p.level is not None else (set(levels) if levels is not None else None)
-        before = wanted.get(dim, set())
-        wanted[dim] = None if values is None or before is None else before | values
-    out = {}
-    for dim, values in wanted.items():
-        if values is not None:
-            stored = ds[dim].values.astype(np.float64)
-            out[dim] = [i for i, v in enumerate(stored) if any(np.isclose(v, w) for w in values)]
-    return out
+        if p.level is None and levels is None:
+            whole.add(dim)
+        else:
+            wanted = [p.level] if p.level is not None else levels
+            kept.setdefault(dim, set()).update(level_positions(p.source, dim, ds[dim].values, wanted))
+    return {dim: sorted(indices) for dim, indices in kept.items() if dim not in whole}
 
 
 def level_positions(source: str, dim: str, stored: np.ndarray, levels: Sequence[float]) -> list[int]:
@@ -246,8 +242,7 @@ def select_part(
         var = ds[p.source]
         dim = level_dim(var)
         if p.level is not None and dim is not None:
-            index = int(np.flatnonzero(np.isclose(var[dim].values.astype(np.float64), p.level))[0])
-            var = var.isel({dim: index}, drop=True)
+            var = var.isel({dim: level_positions(p.source, dim, var[dim].values, [p.level])[0]}, drop=True)
         elif dim is not None and levels is not None:
             var = var.isel({dim: level_positions(p.source, dim, var[dim].values, levels)})
         var = var.rename(p.name)
