@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from gridtnp.data.layout import DataError, iso
-from gridtnp.data.store import continuous_longitudes, longitudes_from, time_chunk
+from gridtnp.data.store import columns_as_read, time_chunk
 
 CLIMATOLOGY_GROUP = "climatology"
 CLIMATOLOGY_ATTR = "gridtnp_climatology"
@@ -77,8 +77,7 @@ def read_climatology(
     if (record.get("train_start"), record.get("train_end"), record.get("steps")) != (first, last, len(hours)):
         return None
     ds = xr.open_zarr(str(path), group=CLIMATOLOGY_GROUP, storage_options=storage_options, chunks=None)
-    ds = continuous_longitudes(ds.sortby("hour"))  # in the columns' order the DataModules read the store in
-    ds = longitudes_from(ds, west) if west is not None else ds
+    ds = columns_as_read(ds.sortby("hour"), west)  # in the columns' order the DataModules read the store in
     if region:
         ds = ds.isel(region)
     out = {}

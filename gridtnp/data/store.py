@@ -9,7 +9,7 @@ statistics in ``attrs["gridtnp_stats"]``.
 * ``continuous_longitudes(ds)``: a store of a box across the date line (stored as two runs, ``[-180, east]`` and
   ``[west, 180)``) as one run eastward from its western edge, past 180 degrees (``date_line_order``);
   ``longitudes_from(ds, west)``: a global store's columns from ``west`` eastward, past 180 degrees, so that a region
-  across the date line is one box of it.
+  across the date line is one box of it; ``columns_as_read(ds, west)``: both, as the DataModules read a store.
 * ``select(ds, start, end, region)``: a lazy subset in time and a lat/lon box; ``region_index(ds, box)``: the
   index slices of such a box (for ``ChunkCache``).
 * ``normalisation_stats(ds, variable, level)``: ``(mean, std)`` of a variable over the training period.
@@ -63,9 +63,8 @@ def open_store(
 ) -> xr.Dataset:
     """Open a prepared Zarr store lazily and check its layout: dask arrays of the store's own chunks, or with
     ``chunked=False`` xarray's lazy backend arrays (no task graph; ``time_chunk(var)`` gives the chunking).
-    ``continuous``: a store of a box across the date line comes as one run of longitudes (``continuous_longitudes``),
-    as the DataModules read it; ``west``: a global store's columns start there (``longitudes_from``), for a region
-    across the date line.
+    ``continuous``: the longitude columns as the DataModules read them (``columns_as_read``): a store of a box
+    across the date line in one run, and a global store from ``west`` eastward, for a region across the date line.
 
     ``path_or_url`` is a local path or a URL (``gs://...`` needs gcsfs; pass ``storage_options={"token": "anon"}``
     for public buckets). ``variables`` keeps only those data variables; each is ``[time, ..., latitude, longitude]``.
@@ -106,7 +105,14 @@ def open_store(
     check_layout(ds, source)
     if chunked:
         ds = ds.assign({v: var.chunk(var.encoding.get("preferred_chunks", {})) for v, var in ds.data_vars.items()})
-    ds = continuous_longitudes(ds) if continuous else ds
+    return columns_as_read(ds, west) if continuous else ds
+
+
+def columns_as_read(ds: xr.Dataset, west: float | None = None) -> xr.Dataset:
+    """``ds`` (a store, or its climatology group) with its longitude columns as the DataModules read them: a box
+    across the date line in one run (``continuous_longitudes``), and a global store from ``west`` eastward
+    (``longitudes_from``) when a region across the date line starts there."""
+    ds = continuous_longitudes(ds)
     return longitudes_from(ds, west) if west is not None else ds
 
 
@@ -123,10 +129,16 @@ def longitudes_from(ds: xr.Dataset, west: float) -> xr.Dataset:
     if not spans_globe(lon):
         return ds
     first = int(np.searchsorted(lon, (west + 180.0) % 360.0 - 180.0 - 1e-9)) % lon.size
-    out = ds.isel(longitude=np.r_[first : lon.size, 0:first])
-    rolled = out["longitude"].values.astype(np.float64)
-    rolled[rolled < rolled[0]] += 360.0
-    return out.assign_coords(longitude=("longitude", rolled, ds["longitude"].attrs))
+    return _eastward_from(ds, first)
+
+
+def _eastward_from(ds: xr.Dataset, first: int) -> xr.Dataset:
+    """``ds``'s longitude columns from index ``first`` to the end, then from the start, lazily; those that wrapped
+    past 180 degrees raised by 360, so the axis ascends in one run."""
+    out = ds.isel(longitude=np.r_[first : ds.sizes["longitude"], 0:first])
+    lon = out["longitude"].values.astype(np.float64)
+    lon[lon < lon[0]] += 360.0
+    return out.assign_coords(longitude=("longitude", lon, ds["longitude"].attrs))
 
 
 def unwrapped_region(region: Sequence[float]) -> tuple[float, float, float, float]:
@@ -143,7 +155,12 @@ def date_line_order(lon: np.ndarray) -> np.ndarray | None:
     """``[W]`` column order that makes longitudes ``lon`` (ascending in [-180, 180)) one run eastward when they are
     a box across the date line: regular steps but one gap inside, and contiguous across 180 degrees (what
     ``gridtnp data prepare --region`` writes for ``LON_MIN > LON_MAX``); None for any other axis."""
-    lon = np.asarray(lon, np.float64)
+    west = _date_line_west(np.asarray(lon, np.float64))
+    return None if west is None else np.r_[west : len(lon), 0:west]
+
+
+def _date_line_west(lon: np.ndarray) -> int | None:
+    """Index of the western edge of a box across the date line (the first point after its one gap), or None."""
     if lon.size < 3:
         return None
     steps = np.diff(lon)
@@ -151,21 +168,15 @@ def date_line_order(lon: np.ndarray) -> np.ndarray | None:
     gaps = np.flatnonzero(steps > 1.5 * step)
     if len(gaps) != 1 or not np.isclose(lon[0] + 360.0 - lon[-1], step, rtol=1e-3):
         return None
-    east = int(gaps[0]) + 1  # the box's western edge: the first point after the gap
-    return np.r_[east : lon.size, 0:east]
+    return int(gaps[0]) + 1
 
 
 def continuous_longitudes(ds: xr.Dataset) -> xr.Dataset:
     """``ds`` with the longitudes of a box across the date line (``date_line_order``) in one run, those east of 180
     degrees raised by 360 (a box from 140 E to 160 W reads 140 to 200), lazily; any other ``ds`` as it is. The
     station and multi-source tasks, and the models' grids, then see one regular axis."""
-    order = date_line_order(ds["longitude"].values)
-    if order is None:
-        return ds
-    out = ds.isel(longitude=order)
-    lon = out["longitude"].values.astype(np.float64)
-    lon[lon < lon[0]] += 360.0
-    return out.assign_coords(longitude=("longitude", lon, ds["longitude"].attrs))
+    west = _date_line_west(ds["longitude"].values.astype(np.float64))
+    return ds if west is None else _eastward_from(ds, west)
 
 
 def time_chunk(var: xr.DataArray) -> int:
