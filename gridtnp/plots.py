@@ -28,6 +28,7 @@ from torch.distributions import Distribution
 
 from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional, task_posterior
+from gridtnp.data.layout import wrap_longitude
 from gridtnp.metrics import central_interval_halfwidth
 
 Predictor = Callable[[dict[str, Observations], Tensor], Distribution]
@@ -82,7 +83,7 @@ def compact_longitudes(points: list[np.ndarray]) -> list[np.ndarray]:
     ring = np.unique(np.mod(lon, 360.0))
     gaps = np.diff(np.r_[ring, ring[0] + 360.0])
     west = float(ring[(int(gaps.argmax()) + 1) % len(ring)])
-    west = (west + 180.0) % 360.0 - 180.0
+    west = float(wrap_longitude(west))
     if 360.0 - float(gaps.max()) > (lon.max() - lon.min()) / 2:
         return points
     return [np.c_[p[:, :1], west + np.mod(p[:, 1:2] - west, 360.0), p[:, 2:]] if len(p) else p for p in points]

@@ -32,6 +32,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
+from gridtnp.data.layout import wrap_longitude
 from gridtnp.data.stations import snap_to_grid
 from gridtnp.files import check_output, remove_path, replace_path, replacing
 from gridtnp.models.neural_process import TARGET_CHUNK
@@ -233,7 +234,7 @@ def geographic_inputs(x: np.ndarray, coords: Sequence[str], what: str, centre: f
                 f"predict: {what} has latitudes outside [-90, 90] (e.g. {bad[0]:g}); latitudes are in degrees north."
             )
         if name in ("longitude", "lon"):
-            x[:, d] = (column - centre + 180.0) % 360.0 - 180.0 + centre  # NaN stays NaN
+            x[:, d] = wrap_longitude(column, centre)
     return x
 
 
@@ -385,7 +386,7 @@ def _cell_weights(centres: np.ndarray, axis: np.ndarray, name: str) -> np.ndarra
     point."""
     centres = np.asarray(centres, dtype=np.float64)
     if name in ("longitude", "lon"):
-        centres = (centres + 180.0) % 360.0 - 180.0  # the stored grid's convention
+        centres = wrap_longitude(centres, (axis.min() + axis.max()) / 2)  # the grid's convention (past 180 too)
     half = np.abs(np.diff(centres)).min() / 2 if len(centres) > 1 else 0.0
     inside = (axis[None] >= centres[:, None] - half) & (axis[None] < centres[:, None] + half)
     nearest = np.abs(axis[None] - centres[:, None]).argmin(1)

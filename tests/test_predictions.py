@@ -13,7 +13,7 @@ import xarray as xr
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Observations
 from gridtnp.cli import GridTNPCLI
-from gridtnp.predictions import predict, raw_predictions
+from gridtnp.predictions import _cell_weights, predict, raw_predictions
 from gridtnp.registry import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,3 +285,14 @@ def test_a_model_of_a_box_across_the_date_line_reads_its_longitudes_past_180() -
             warnings.simplefilter("error")  # outside the model's grid: a warning
             out[name] = predict(module, {"grid": grid}, there, stats=stats, target_stats=(280.0, 2.0))
     np.testing.assert_allclose(out["past 180"]["mean"].values, out["-180 to 180"]["mean"].values, rtol=1e-6)
+
+
+def test_climatology_cells_of_a_date_line_grid_are_found_from_either_convention() -> None:
+    """A checkpoint trained on a box across the date line keeps its climatology on longitudes 150 to 200: context
+    cells given at -170 and -160 (or 190 and 200) average the grid points of those cells, not the nearest edge."""
+    axis = np.arange(150.0, 200.1, 5.0)
+    for centres in (np.array([-170.0, -160.0]), np.array([190.0, 200.0])):
+        weights = _cell_weights(centres, axis, "longitude")
+        np.testing.assert_array_equal(np.flatnonzero(weights[0]), np.flatnonzero(np.isin(axis, [185.0, 190.0])))
+        np.testing.assert_array_equal(np.flatnonzero(weights[1]), np.flatnonzero(np.isin(axis, [195.0, 200.0])))
+

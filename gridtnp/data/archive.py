@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from gridtnp.data.layout import DIMS, DataError, date_bounds
+from gridtnp.data.layout import DIMS, DataError, date_bounds, wrap_longitude
 
 # Archive (ARCO-ERA5 / CDS long) name -> ERA5 short name. Surface variables first, then pressure-level ones.
 NAMES: dict[str, str] = {
@@ -257,7 +257,7 @@ def _select_region(ds: xr.Dataset, region: tuple[float, float, float, float]) ->
     lat = ds["latitude"].values
     keep_lat = (lat >= lat_min) & (lat <= lat_max)
     lon = ds["longitude"].values
-    lo, hi = ((v + 180.0) % 360.0 - 180.0 for v in (lon_min, lon_max))
+    lo, hi = (float(wrap_longitude(v)) for v in (lon_min, lon_max))
     if lon_max - lon_min >= 360.0:
         keep_lon = np.ones(len(lon), bool)
     elif lo <= hi:

@@ -8,6 +8,7 @@ training-period mean and std and ``attrs[PROVENANCE_ATTR]`` the sources and the 
   latitudes, CF time units) -> the layout, lazily.
 * ``select_time(ds, start, end)``, ``date_bounds(date)``: inclusive date ranges; ``coverage(ds)`` describes a
   dataset's extent for error messages; ``iso(t)``: a time as ``2019-03-01T00:00:00``.
+* ``wrap_longitude(lon, centre)``: longitudes into ``[centre - 180, centre + 180)``.
 * ``DataError``: input data that cannot be used as given.
 """
 
@@ -40,6 +41,12 @@ class DataError(ConfigError):
     """Input data that cannot be used as given; the message names the file or variable and what was expected."""
 
 
+def wrap_longitude(lon: Any, centre: float = 0.0) -> Any:
+    """Longitudes in degrees wrapped into ``[centre - 180, centre + 180)``: [-180, 180) by default, one run past
+    180 degrees for a box across the date line (``centre`` 170: -170 -> 190); NaN stays NaN."""
+    return (np.asarray(lon, dtype=np.float64) - centre + 180.0) % 360.0 - 180.0 + centre
+
+
 def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
     """Rename coordinates to ``time, latitude, longitude``; time datetime64 and sorted, latitudes ascending,
     longitudes ascending in [-180, 180); drop auxiliary coordinates (cfgrib's ``step``, ``number``, ...)."""
@@ -51,7 +58,7 @@ def normalise(ds: xr.Dataset, source: str = "dataset") -> xr.Dataset:
     lon_attrs = dict(ds["longitude"].attrs)
     lon = ds["longitude"].values.astype(np.float64)
     if lon.size and (lon.min() < -180 or lon.max() >= 180):
-        ds = ds.assign_coords(longitude=("longitude", (lon + 180.0) % 360.0 - 180.0, lon_attrs))
+        ds = ds.assign_coords(longitude=("longitude", wrap_longitude(lon), lon_attrs))
     lat = ds["latitude"].values.astype(np.float64)
     if lat.size and np.nanmax(np.abs(lat)) > 90:
         bad = lat[np.abs(lat) > 90][0]

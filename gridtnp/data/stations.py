@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from gridtnp.data.layout import DataError
+from gridtnp.data.layout import DataError, wrap_longitude
 
 COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
     "latitude": ("latitude", "lat"),
@@ -74,7 +74,7 @@ def read_stations(
             "longitude in [-180, 360)."
         )
     table["latitude"] = lat
-    table["longitude"] = (lon + 180.0) % 360.0 - 180.0
+    table["longitude"] = wrap_longitude(lon)
     if grid_lat is not None or grid_lon is not None:
         if grid_lat is None or grid_lon is None:
             raise DataError("read_stations: pass both grid_lat and grid_lon to snap stations to a grid.")

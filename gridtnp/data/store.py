@@ -31,7 +31,7 @@ import xarray as xr
 
 from gridtnp.data.archive import SHORT_TO_ARCHIVE
 from gridtnp.data.inventory import CHUNKS_ATTR, check_chunks
-from gridtnp.data.layout import DIMS, STATS_ATTR, DataError, DateLike, coverage, normalise, select_time
+from gridtnp.data.layout import DIMS, STATS_ATTR, DataError, DateLike, coverage, normalise, select_time, wrap_longitude
 from gridtnp.files import is_url
 from gridtnp.registry import ConfigError
 
@@ -128,7 +128,7 @@ def longitudes_from(ds: xr.Dataset, west: float) -> xr.Dataset:
     lon = ds["longitude"].values.astype(np.float64)
     if not spans_globe(lon):
         return ds
-    first = int(np.searchsorted(lon, (west + 180.0) % 360.0 - 180.0 - 1e-9)) % lon.size
+    first = int(np.searchsorted(lon, wrap_longitude(west) - 1e-9)) % lon.size
     return _eastward_from(ds, first)
 
 
@@ -147,7 +147,7 @@ def unwrapped_region(region: Sequence[float]) -> tuple[float, float, float, floa
     as the DataModules read such a box; ``180, -170`` reads ``-180, -170``; other boxes as they are."""
     lat_min, lat_max, lon_min, lon_max = map(float, region)
     span = lon_max - lon_min
-    west = (lon_min + 180.0) % 360.0 - 180.0
+    west = float(wrap_longitude(lon_min))
     return lat_min, lat_max, west, west + (span if 0.0 <= span <= 360.0 else span % 360.0)
 
 
