@@ -25,7 +25,7 @@ import xarray as xr
 
 from gridtnp.data.archive import parse_region
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
-from gridtnp.data.input_checks import warn_time_gaps
+from gridtnp.data.input_checks import check_jobs, warn_time_gaps
 from gridtnp.data.inputs import Selection, axis_summary, open_sources
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR, DataError, iso, select_time
 from gridtnp.data.output_store import as_written, finish_store, is_prepared_store, stats_attr
@@ -55,6 +55,7 @@ def append(
     import zarr
 
     log = print if progress else (lambda *a, **k: None)
+    check_jobs(jobs)
     path = Path(store)
     if not is_prepared_store(path):
         raise DataError(f"--append --out {path}: not a store gridtnp data prepare wrote; prepare it first.")

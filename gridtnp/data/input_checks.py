@@ -7,7 +7,8 @@
   line), at most one dimension besides ``time, latitude, longitude``, and each variable transposed to
   ``[time, ..., latitude, longitude]``.
 * ``check_units(parts, paths)``: a variable held by several inputs has the same ``units`` in each.
-* ``check_writable(path, option)``: the output's folder can be written.
+* ``check_writable(path, option)``: the output's folder can be written; ``check_jobs(jobs)``: a read concurrency
+  of at least 1.
 * ``warn_time_gaps(time, where, after)``: a warning naming the stretches missing from the time axis (a daily file
   that failed to download is a day no task will see).
 """
@@ -145,6 +146,12 @@ def check_writable(path: Any, option: str) -> None:
     folder = Path(path).parent
     if folder.is_dir() and not os.access(folder, os.W_OK):
         raise DataError(f"{option} {path}: the folder {folder} is not writable; choose a writable location.")
+
+
+def check_jobs(jobs: int | None) -> None:
+    """Refuse a ``--jobs`` below 1 (None: the default)."""
+    if jobs is not None and jobs < 1:
+        raise DataError(f"--jobs {jobs}: expected at least 1 concurrent read (or leave it out for the default).")
 
 
 def warn_time_gaps(time: pd.DatetimeIndex, where: str, after: Any = None) -> None:

@@ -35,7 +35,7 @@ import xarray as xr
 from gridtnp.data.archive import parse_region
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
 from gridtnp.data.freed_memory import keep_freed_memory
-from gridtnp.data.input_checks import check_writable, warn_time_gaps
+from gridtnp.data.input_checks import check_jobs, check_writable, warn_time_gaps
 from gridtnp.data.inputs import (
     NETCDF_CHUNK_CACHE,
     Selection,
@@ -111,8 +111,7 @@ def prepare(
         raise DataError(f"--out {out}: prepare writes a local store; copy it to remote storage afterwards.")
     if time_chunk is not None and time_chunk < 1:
         raise DataError(f"--time-chunk {time_chunk}: expected a positive number of time steps per chunk.")
-    if jobs is not None and jobs < 1:
-        raise DataError(f"--jobs {jobs}: expected at least 1 concurrent read (or leave it out for the default).")
+    check_jobs(jobs)
     check_target(out_path, overwrite)
     check_writable(out_path, "--out")
 

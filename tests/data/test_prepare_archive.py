@@ -14,6 +14,7 @@ import pytest
 import xarray as xr
 
 from gridtnp.cli import main
+from gridtnp.data.append import append
 from gridtnp.data.archive import resolve
 from gridtnp.data.http_server import LocalHTTPServer
 from gridtnp.data.layout import STATS_ATTR, DataError
@@ -192,6 +193,9 @@ def test_options_out_of_range_are_refused(archive: tuple[Path, Path], tmp_path: 
     with pytest.raises(DataError, match=r"--jobs 0: expected at least 1"):
         prepare([zarr_store], out, variables=["t2m"], jobs=0, progress=False)
     assert not out.exists()
+    store = prepare([zarr_store], tmp_path / "s.zarr", variables=["t2m"], end="2020-01-01", progress=False)
+    with pytest.raises(DataError, match=r"--jobs -1: expected at least 1"):
+        append([zarr_store], store, jobs=-1, progress=False)
 
 
 def test_coarsen_and_spatial_chunks(archive: tuple[Path, Path], tmp_path: Path) -> None:
