@@ -24,7 +24,7 @@ from gridtnp.plots import (
     draw_map,
     geographic_axes,
     is_geographic,
-    map_aspect,
+    map_figure,
     oracle_posterior,
     plot_calibration,
     plot_gp1d,
@@ -89,10 +89,7 @@ def plot_station_errors(physical: Any, title: str = "") -> Figure:
         high = float(np.nanpercentile(np.concatenate([rmse, baseline]), 99))
         for _, _, style in panels[:2]:
             style["vmax"] = high
-    # A map much wider than tall (global) gets two wide panels a row, as the task maps do.
-    ncols, size = (min(2, len(panels)), (7.2, 4.2)) if map_aspect([x]) > 1.5 else (len(panels), (4.8, 4.2))
-    nrows = -(-len(panels) // ncols)
-    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    fig, nrows, ncols = map_figure([x], len(panels), len(panels), 4.2)
     for i, (name, values, style) in enumerate(panels, start=1):
         ax = fig.add_subplot(nrows, ncols, i)
         ok = np.isfinite(values)

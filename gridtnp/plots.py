@@ -103,6 +103,17 @@ def compact_longitudes(points: list[np.ndarray]) -> list[np.ndarray]:
     return [np.c_[p[:, :1], west + np.mod(p[:, 1:2] - west, 360.0), p[:, 2:]] if len(p) else p for p in points]
 
 
+def map_figure(
+    points: list[np.ndarray], panels: int, columns: int, height: float, geographic: bool = True
+) -> tuple[Figure, int, int]:
+    """A figure for ``panels`` maps of ``points`` and its rows and columns: ``columns`` panels 4.8 by ``height``
+    inches a row, or two of 7.2 by 4.2 where the map is much wider than tall (global, ``map_aspect`` above 1.5)."""
+    wide = geographic and map_aspect(points) > 1.5
+    ncols, (width, tall) = (min(2, panels), (7.2, 4.2)) if wide else (min(columns, panels), (4.8, height))
+    nrows = math.ceil(panels / ncols)
+    return Figure(figsize=(width * ncols, tall * nrows), layout="constrained"), nrows, ncols
+
+
 def map_aspect(points: list[np.ndarray]) -> float:
     """Width over height of a geographic map of ``points`` (lists of ``[N, 2]`` (lat, lon)), a degree of longitude
     at its length at the middle latitude (as ``geographic_axes`` draws it); 1 without points."""
@@ -202,11 +213,7 @@ def draw_map(data: MapData, geographic: bool = False, title: str = "") -> Figure
         ("standardised error (target - mean) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}, "z (1)"),
     ]
     extent = [data.x, *(xs for _, xs, _, _ in data.context)]
-    # A map much wider than tall (a global or zonal band) gets two wide panels a row instead of three small ones.
-    wide = geographic and map_aspect(extent) > 1.5
-    ncols, size = (2, (7.2, 4.2)) if wide else (3, (4.8, 3.8))
-    nrows = math.ceil((len(panels) + len(data.context)) / ncols)
-    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    fig, nrows, ncols = map_figure(extent, len(panels) + len(data.context), 3, 3.8, geographic)
     for i, (name, field_values, style, label) in enumerate(panels, start=1):
         ax = fig.add_subplot(nrows, ncols, i)
         artist = draw_field(ax, data.x, field_values, geographic, **style)
