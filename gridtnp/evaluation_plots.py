@@ -15,16 +15,14 @@ from matplotlib.figure import Figure
 
 from gridtnp.batch import Batch
 from gridtnp.evaluation import context_in_units, errors_by_kind, variable_label
+from gridtnp.map_axes import compact_longitudes, geographic_axes, map_figure
 from gridtnp.metrics import central_interval_halfwidth
 from gridtnp.plots import (
     MAX_MARKED_POINTS,
     MapData,
-    compact_longitudes,
     draw_field,
     draw_map,
-    geographic_axes,
     is_geographic,
-    map_figure,
     oracle_posterior,
     plot_calibration,
     plot_gp1d,

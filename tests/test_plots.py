@@ -16,9 +16,9 @@ from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.cli import main
 from gridtnp.data import SyntheticDataModule
+from gridtnp.map_axes import compact_longitudes
 from gridtnp.plots import (
     PlotCallback,
-    compact_longitudes,
     evaluation_figures,
     plot_map,
     plot_standardised_errors,

@@ -295,4 +295,3 @@ def test_climatology_cells_of_a_date_line_grid_are_found_from_either_convention(
         weights = _cell_weights(centres, axis, "longitude")
         np.testing.assert_array_equal(np.flatnonzero(weights[0]), np.flatnonzero(np.isin(axis, [185.0, 190.0])))
         np.testing.assert_array_equal(np.flatnonzero(weights[1]), np.flatnonzero(np.isin(axis, [195.0, 200.0])))
-
