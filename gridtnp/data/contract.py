@@ -1,29 +1,12 @@
-"""What gridtnp reads from a DataModule beyond Lightning's hooks: every attribute optional, each with one meaning.
+"""``GridDataModule``: the base of gridtnp's DataModules, and the one statement of what gridtnp reads from one
+beyond Lightning's hooks: every hook optional, each with one meaning and a default that switches its feature off.
 
 A DataModule for a new data source needs only Lightning's ``*_dataloader`` methods yielding ``gridtnp.Batch``
-objects. Each attribute below, when it has it, switches on one feature; ``DataModuleContract`` spells them out
-with their types, and ``optional(datamodule, name)`` is how the module, predictions and plots look them up (a name
-not declared here is an error, so a lookup and its documentation cannot drift apart).
-
-=========================  ==============================================  =========================================
-attribute                  type                                            what reads it, and what for
-=========================  ==============================================  =========================================
-``dim_x``                  ``int``                                         ``NeuralProcessModule.setup``: refuses a
-                                                                           model built for other input dimensions
-``dim_y``                  ``dict[str, int]``                              ``NeuralProcessModule.setup``: the
-                                                                           context sources and their Dy must match
-                                                                           the model's encoders
-``variable_metadata()``    ``() -> DataMetadata | None``                   ``NeuralProcessModule.on_save_checkpoint``:
-                                                                           statistics, names and units kept with the
-                                                                           weights for ``gridtnp.predictions.predict``
-``predictions_to_xarray``  ``(outputs: list[dict]) -> xarray.Dataset``     ``gridtnp predict``: predictions in
-                                                                           physical units with coordinates (without
-                                                                           it the raw tensors are written per task)
-``geographic``             ``bool``                                        plots: inputs are (latitude, longitude) in
-                                                                           degrees, drawn as maps
-``task``                   ``Task`` with an optional ``posterior``         plots: the true posterior (a GP task's)
-                                                                           drawn beside the prediction
-=========================  ==============================================  =========================================
+objects; deriving from ``GridDataModule`` (or ``gridtnp.data.datamodules.TaskDataModule``, which adds the seeded
+loaders) gives every hook below its default. ``OPTIONAL_ATTRIBUTES`` says who reads each, and
+``optional(datamodule, name)`` is how the module, predictions and plots look them up (a name not declared there is
+an error, so a lookup and its documentation cannot drift apart); a DataModule that does not derive from the base
+reads as having the defaults.
 
 The per-task extras a batch may carry (``Batch.extras``) are declared in ``gridtnp.batch.EXTRAS``.
 """
@@ -31,11 +14,13 @@ The per-task extras a batch may carry (``Batch.extras``) are declared in ``gridt
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypedDict
+from typing import Any, TypedDict
+
+import lightning as L
 
 from gridtnp.data.tasks import Task
 
-#: The optional attributes a DataModule may have, with who reads them.
+#: The optional hooks of a DataModule (``GridDataModule`` gives each its default), with who reads them.
 OPTIONAL_ATTRIBUTES: dict[str, str] = {
     "dim_x": "NeuralProcessModule.setup (input dimension check)",
     "dim_y": "NeuralProcessModule.setup (context sources and their Dy)",
@@ -43,6 +28,8 @@ OPTIONAL_ATTRIBUTES: dict[str, str] = {
     "predictions_to_xarray": "gridtnp predict (predictions as an xarray.Dataset in physical units)",
     "geographic": "plots (inputs are latitude/longitude in degrees)",
     "task": "plots (the task's true posterior, task.posterior, when it has one)",
+    "describe": "NeuralProcessModule.on_fit_start (one line on the data, printed)",
+    "batch_size": "gridtnp.training.run_scale (tasks per step, reported)",
 }
 
 
@@ -65,25 +52,39 @@ class DataMetadata(TypedDict, total=False):
     store: str  # where the data came from (a path or URL, for the record)
 
 
-class DataModuleContract(Protocol):
-    """The optional attributes of a gridtnp DataModule (see the module docstring for who reads each)."""
+class GridDataModule(L.LightningDataModule):
+    """The base of gridtnp's DataModules: each optional hook with the default that switches its feature off.
 
-    dim_x: int
-    dim_y: dict[str, int]
-    geographic: bool
-    task: Task
+    Attributes (override in a subclass, as class attributes or properties):
+        dim_x: the tasks' input dimension (``NeuralProcessModule.setup`` refuses a model built for another); None:
+            unchecked.
+        dim_y: ``{context source: Dy}`` (must match the model's encoders); None: unchecked.
+        geographic: inputs are (latitude, longitude) in degrees, drawn as maps by the plots.
+        task: a ``Task``; plots draw its ``posterior`` (a GP task's) beside the prediction when it has one.
+        batch_size: tasks per batch (reported with the run's scale); None: not reported.
+        predictions_to_xarray: ``(outputs: list[dict]) -> xarray.Dataset``, the predictions in physical units with
+            coordinates for ``gridtnp predict``; None: the raw tensors are written per task.
+    """
+
+    dim_x: int | None = None
+    dim_y: dict[str, int] | None = None
+    geographic: bool = False
+    task: Task | None = None
+    batch_size: int | None = None
+    predictions_to_xarray: Callable[[list[dict[str, Any]]], Any] | None = None
 
     def variable_metadata(self) -> DataMetadata | None:
-        """Normalisation statistics, names and units of the variables, kept with the checkpoint."""
-        ...
+        """Normalisation statistics, names and units of the variables, kept with the checkpoint (None: nothing)."""
+        return None
 
-    def predictions_to_xarray(self, outputs: list[dict[str, Any]]) -> Any:
-        """``predict_step`` outputs -> an ``xarray.Dataset`` with coordinates and physical units."""
-        ...
+    def describe(self) -> str | None:
+        """One line on what the tasks hold (after ``setup``), printed at the start of ``gridtnp fit`` (None:
+        nothing)."""
+        return None
 
 
 def optional(datamodule: Any, name: str) -> Any:
-    """The DataModule's optional attribute ``name`` (declared in ``OPTIONAL_ATTRIBUTES``), or None."""
+    """The DataModule's optional hook ``name`` (declared in ``OPTIONAL_ATTRIBUTES``), or None where it has none."""
     if name not in OPTIONAL_ATTRIBUTES:
         raise KeyError(f"{name!r} is not a declared DataModule attribute; declared: {', '.join(OPTIONAL_ATTRIBUTES)}.")
     return getattr(datamodule, name, None)

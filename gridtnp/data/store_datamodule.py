@@ -1,7 +1,7 @@
 """``StoreDataModule``: the base of every DataModule that reads a prepared Zarr store (``gridtnp data prepare``) or
 the embedded sample (date splits, a chunk cache), and what their task samplers share.
 
-* ``StoreDataModule(store, dates, ...)``: ``store_path()``, ``prepare_data()``, ``open(variables)``,
+* ``StoreDataModule(store, splits, loader)`` (the sections of ``gridtnp.data.sections``): ``store_path()``, ``prepare_data()``, ``open(variables)``,
   ``chunk_cache(variables, region)``, ``split_hours(ds, path) -> {split: time indices [T]}``.
 * ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
 * ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
@@ -14,6 +14,7 @@ that ``gridtnp.predictions.predict`` can normalise a user's physical-unit inputs
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,18 @@ from gridtnp.batch import Observations
 from gridtnp.data.datamodules import TaskDataModule
 from gridtnp.data.layout import STATS_ATTR, DataError, iso, select_time
 from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, unwrapped_region
+from gridtnp.data.sections import (
+    MOVED_STORE_ARGUMENTS,
+    SAMPLE_TRAIN_DATES,
+    LoaderConfig,
+    SplitDates,
+    StoreConfig,
+    section,
+)
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError
 
 SAMPLE_CACHE_NAME = "era5_t2m_uk_2019-03"
-SAMPLE_TRAIN_DATES = ("2019-03-01", "2019-03-21")
 
 
 def check_fraction_range(where: str, name: str, value: Sequence[float]) -> tuple[float, float]:
@@ -55,45 +63,45 @@ def default_cache_dir() -> Path:
 class StoreDataModule(TaskDataModule):
     """What the ERA5 DataModules share: a prepared store (or the embedded sample), date splits and loaders.
 
-    ``store=None`` prepares the embedded ERA5 sample once into ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``)
-    with statistics over ``train_dates``, and reuses it. ``split_hours`` refuses a store whose normalisation
-    statistics were computed over hours of the validation or test dates (information from them would leak into
-    every input), unless ``allow_stats_overlap``.
+    Subclasses give ``source_variables()``, ``target_variables()`` and ``split_task(split)``. ``store.path=None``
+    prepares the embedded ERA5 sample once into ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) with statistics
+    over the training dates, and reuses it. ``split_hours`` refuses a store whose normalisation statistics were
+    computed over hours of the validation or test dates (information from them would leak into every input), unless
+    ``store.allow_stats_overlap``.
+
+    Args:
+        store: the store section (``StoreConfig``: path, storage options, layout, statistics, chunk cache, region).
+        splits: the date splits (``SplitDates``).
+        loader: batching and workers (``LoaderConfig``).
     """
+
+    #: Where each argument of the flat recipe layout went (``gridtnp.data.sections.moved_argument``).
+    MOVED_ARGUMENTS = MOVED_STORE_ARGUMENTS
 
     def __init__(
         self,
-        store: str | None,
-        dates: dict[str, tuple[str, str]],
-        batch_size: int,
-        train_batches: int,
-        val_batches: int,
-        test_batches: int,
-        seed: int,
-        num_workers: int,
-        storage_options: dict[str, Any] | None = None,
-        convert_layout: bool = False,
-        stats: dict[str, Sequence[float]] | None = None,
-        allow_stats_overlap: bool = False,
+        store: StoreConfig | None = None,
+        splits: SplitDates | None = None,
+        loader: LoaderConfig | None = None,
     ) -> None:
-        super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
-        self.store, self.storage_options = store, storage_options
-        self.convert_layout, self.stats = convert_layout, dict(stats or {})
-        self.allow_stats_overlap = allow_stats_overlap
-        self.dates = {split: tuple(pair) for split, pair in dates.items()}
+        super().__init__(loader)
+        self.store_config = section(StoreConfig, store, "store")
+        self.split_dates = section(SplitDates, splits, "splits")
+        config = self.store_config
+        self.store, self.storage_options = config.path, config.storage_options
+        self.convert_layout, self.stats = config.convert_layout, dict(config.stats or {})
+        self.allow_stats_overlap, self.cache_chunks = config.allow_stats_overlap, config.cache_chunks
+        self.region = config.region
+        self.dates = self.split_dates.as_dict()
         self._metadata: dict[str, Any] | None = None
 
+    @abstractmethod
     def source_variables(self) -> dict[str, list[str]]:
-        """The variables of each context source, in the order of its ``y`` columns.
+        """The variables of each context source, in the order of its ``y`` columns: ``{source: [name, ...]}``."""
 
-        This default is the station + reanalysis layout (``grid_variables`` on ``"grid"``, ``station_variable`` at
-        ``"stations"``); ``MultiSourceDataModule`` overrides it.
-        """
-        return {"grid": list(self.grid_variables), "stations": [self.station_variable]}
-
+    @abstractmethod
     def target_variables(self) -> list[str]:
         """The variables predicted at the targets, in the order of the targets' ``y`` columns."""
-        return [self.station_variable]
 
     def store_variable(self, name: str) -> tuple[str, float | None]:
         """The store's variable and level behind a name of ``source_variables`` (the same name, no level)."""
@@ -103,7 +111,7 @@ class StoreDataModule(TaskDataModule):
         """What a checkpoint keeps of the data, or None before ``setup``: ``{"variables": {name: {"mean", "std",
         "units", "long_name"}}, "sources": {source: [name, ...]}, "target": [name, ...], "store": path}``, with
         the statistics the tasks are normalised with (``stats``, else the store's)."""
-        if getattr(self, "task", None) is None:
+        if self.task is None:
             return None
         if self._metadata is None:
             sources, targets = self.source_variables(), self.target_variables()
@@ -173,8 +181,7 @@ class StoreDataModule(TaskDataModule):
     def read_region(self) -> tuple[float, float, float, float] | None:
         """``region`` in the longitudes the store is read in: one run east of ``lon_min`` for a box across the date
         line (``unwrapped_region``)."""
-        region = getattr(self, "region", None)
-        return unwrapped_region(region) if region is not None else None
+        return unwrapped_region(self.region) if self.region is not None else None
 
     def chunk_cache(self, variables: Sequence[str], region: dict[str, slice] | None = None) -> ChunkCache:
         """A per-process chunk cache on the store for ``variables`` (``cache_chunks`` chunks per variable)."""
