@@ -87,31 +87,6 @@ def budget_header(minutes: int) -> list[str]:
     return ["model (recipe)", "parameters", f"steps in {minutes} min", "test log-likelihood", "test RMSE"]
 
 
-#: The gridded TNP paper's Table 3 test log-likelihood at l = 0.5 (500,000 steps of batch 8), for each recipe's row.
-PAPER_TABLE3 = {
-    "gp2d_paper_swin_pt": "0.844",
-    "gp2d_paper_swin_ki": "0.844",
-    "gp2d_paper_vit": "0.841",  # PT-GE 32 x 32 -> 16 x 16
-    "gp2d_paper_convcnp": "0.801",  # the paper's plain CNN; this recipe is a U-Net (recipes/paper/ has the CNN)
-    "gp2d_paper_pt_tnp_ist": "0.819",
-    "gp2d_paper_cnp": "-0.406",
-}
-
-
-def gp2d_paper_budget() -> str:
-    labels = {
-        "gp2d_paper_swin_pt": "Swin-TNP, PT-GE",
-        "gp2d_paper_swin_ki": "Swin-TNP, KI-GE",
-        "gp2d_paper_vit": "ViTNP",
-        "gp2d_paper_convcnp": "ConvCNP",
-        "gp2d_paper_pt_tnp_ist": "PT-TNP, IST, M = 256",
-        "gp2d_paper_cnp": "CNP",
-    }
-    rows = read_csv("gp2d_paper_budget_cpu.csv")
-    body = [[*row, PAPER_TABLE3[r["recipe"]]] for row, r in zip(budget_rows(rows, labels), rows, strict=True)]
-    return table([*budget_header(3), "paper, Table 3 log-likelihood"], body)
-
-
 #: Table 3's rows at l = 0.5 (label, paper log-likelihood) for the recipes of ``recipes/paper/``.
 TABLE3_ROWS = {
     "table3_cnp": ("CNP", "-0.406"),
@@ -161,10 +136,6 @@ def shifted_gp1d_paper() -> str:
     return shifted_rows("shifted_gp1d_paper_cpu.csv", ["Delta = 0", "Delta = 1"])
 
 
-def shifted_gp1d() -> str:
-    return shifted_rows("shifted_gp1d_cpu.csv", ["Delta = 0", "Delta = 0.5", "Delta = 1", "bimodal"])
-
-
 # ---------------------------------------------------------------------------------------------------- ERA5
 def era5_demo() -> str:
     run = read_json("era5_demo_cpu.json")["runs"][0]
@@ -175,88 +146,9 @@ def era5_demo() -> str:
     return table(["metric", *run["columns"]], rows)
 
 
-def _readme_changes() -> dict[str, str]:
-    """Variant name -> its change, from the tables of ``era5_skill/README.md``."""
-    changes: dict[str, str] = {}
-    for line in (RESULTS / "era5_skill" / "README.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and line.startswith("| ") and cells[0] not in ("name", "---"):
-            names = cells[0].split(", ")
-            for name in names:
-                if len(names) == 1 or not name.endswith("s1"):  # a listed seed-1 run is named "<base>, seed 1"
-                    changes.setdefault(name, cells[1])
-    return changes
-
-
-def era5_skill(name: str, loglik: bool = True) -> str:
-    """One row per variant of an ``era5_skill`` JSON-lines file: validation, test and layout scores."""
-    records = read_jsonl(f"era5_skill/{name}")
-    changes = _readme_changes()
-    val = {r["config"]: r["scores"]["train"] for r in records if r["split"] == "val"}
-    rows = []
-    for r in records:
-        if r["split"] != "test":
-            continue
-        variant = Path(r["config"]).stem
-        base = variant[:-2] if variant.endswith("s1") else variant
-        change = changes.get(variant) or (f"{base}, seed 1" if variant != base else "")
-        s = r["scores"]
-        train, cal = s["train"], s["train cal"]
-
-        def moved(layout: str, train: dict = train, s: dict = s) -> str:
-            change = round(100 * (s[layout]["rmse_heldout"] / train["rmse_heldout"] - 1))
-            return f"{change:+d} %" if change else "0 %"
-
-        row = [
-            f"{variant}: {change}" if change and variant != change else variant,
-            f"{val[r['config']]['rmse_all']:.3f}" if r["config"] in val else "",
-            f"{train['rmse_heldout']:.3f}",
-            f"{train['rmse_context']:.3f}",
-            f"{train['rmse_all']:.3f}",
-            moved("shifted"),
-            moved("coarse3"),
-            f"{train['coverage90_all']:.2f} ({cal['coverage90_all']:.2f})",
-            f"{train['mean_z2_all']:.2f} ({cal['mean_z2_all']:.2f})",
-        ]
-        if loglik:
-            row.append(f"{train['loglik_physical_all']:.2f} ({cal['loglik_physical_all']:.2f})")
-        rows.append(row)
-    header = [
-        "variant",
-        "val RMSE all",
-        "test held-out",
-        "test context",
-        "test all",
-        "shifted held-out",
-        "3 x 3 held-out",
-        "cov. 90 all (cal.)",
-        "mean z^2 all (cal.)",
-    ]
-    return table(header + (["log-lik. all (cal.)"] if loglik else []), rows)
-
-
-def era5_models() -> str:
-    rows = read_json("era5_models_cpu.json")["rows"]
-    header = ["recipe", "parameters", "test log-lik.", "RMSE (K)", "MAE (K)", "CRPS (K)", "90 % coverage"]
-    keys = ("rmse", "mae", "crps")
-    return table(
-        header,
-        [
-            [
-                r["recipe"] if r["recipe"].startswith("baseline") else f"`{r['recipe']}`",
-                r["parameters"],
-                r["test_loglik"],
-                *(fixed(r[k]) for k in keys),
-                fixed(r["coverage_90"], 2),
-            ]
-            for r in rows
-        ],
-    )
-
-
-def era5_skill_table(name: str = "era5_skill_cpu.csv") -> str:
+def era5_skill_table() -> str:
     """Models (the classical baselines beside them) per layout, from ``benchmarks/era5_skill.py --recipe ...``."""
-    rows = read_csv(name)
+    rows = read_csv("era5_skill_cpu.csv")
     header = list(rows[0])[: list(rows[0]).index("all RMSE (K)") + 1]  # the run's record follows
 
     def cell(key: str, value: str) -> str:
@@ -275,39 +167,7 @@ def era5_residual_kriging() -> str:
     return table(header, [[r["correlation"], r["chosen"], fixed(r["val"]), fixed(r["test"])] for r in rows])
 
 
-def era5_mos_layouts() -> str:
-    rows = read_json("era5_mos_cpu.json")["layouts"]
-    header = ["regressors, per station", "fitted on one layout", "fitted over the 16 block offsets the model trains on"]
-    return table(header, [[r["regressors"], fixed(r["one layout"]), fixed(r["16 offsets"])] for r in rows])
-
-
-def data_loading() -> str:
-    rows = read_csv("data_loading_cpu.csv")
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    by = {(r["case"], r["workers"]): r for r in rows}
-    workers = sorted({r["workers"] for r in rows}, key=int)
-    out = [
-        [c, num(by[(c, workers[0])]["points_per_task"]), *(num(by[(c, w)]["tasks_per_s"]) for w in workers)]
-        for c in cases
-    ]
-    return table(["case", "points per task", *(f"tasks/s, {w} workers" for w in workers)], out)
-
-
 # --------------------------------------------------------------------------------------------------- speed
-def forward_time_gp2d() -> str:
-    rows = read_csv("forward_time_gp2d_cpu.csv")
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    ncs = sorted({int(r["num_context"]) for r in rows})
-    by = {(r["model"], int(r["num_context"]), r["passes"]): r for r in rows}
-
-    def ms(m: str, n: int, p: str) -> str:
-        r = by.get((m, n, p))
-        return "" if r is None or not r["median_ms"] else num(r["median_ms"])
-
-    out = [[f"`{m}`", *(ms(m, n, "forward") for n in ncs), ms(m, ncs[-1], "forward+backward")] for m in models]
-    return table(["model", *(f"forward, N_c = {n:,}" for n in ncs), f"forward+backward, N_c = {ncs[-1]:,}"], out)
-
-
 def _perf() -> tuple[dict[str, Any], dict[tuple, dict[str, Any]], Any]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import perf_vs_ref
@@ -411,24 +271,12 @@ def processor_speed() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "gp1d_tnp": gp1d_tnp,
-    "gp2d_paper_budget": gp2d_paper_budget,
     "gp2d_budget": gp2d_budget,
     "gp2d_table3_budget": gp2d_table3_budget,
     "shifted_gp1d_paper": shifted_gp1d_paper,
-    "shifted_gp1d": shifted_gp1d,
     "era5_demo": era5_demo,
-    "era5_ablation": lambda: era5_skill("ablation_cpu.jsonl"),
-    "era5_residual": lambda: era5_skill("residual_cpu.jsonl", loglik=False),
-    "era5_spread": lambda: era5_skill("spread_cpu.jsonl"),
-    "era5_regression_climatology": lambda: era5_skill("regression_climatology_cpu.jsonl"),
-    "era5_position": lambda: era5_skill_table("era5_skill/position_cpu.csv"),
-    "era5_kriging": lambda: era5_skill_table("era5_skill/kriging_cpu.csv"),
     "era5_residual_kriging": era5_residual_kriging,
-    "era5_mos_layouts": era5_mos_layouts,
     "era5_skill": era5_skill_table,
-    "era5_models": era5_models,
-    "data_loading": data_loading,
-    "forward_time_gp2d": forward_time_gp2d,
     "perf_vs_ref": perf_vs_ref,
     "perf_vs_ref_scaling": perf_vs_ref_scaling,
     "te_memory": te_memory,
@@ -450,7 +298,10 @@ def render(text: str) -> tuple[str, list[str]]:
             changed.append(name)
         return match.group(1) + body + match.group(4)
 
-    return MARKER.sub(replace, text), changed
+    new = MARKER.sub(replace, text)
+    shown = {m.group("name") for m in MARKER.finditer(text)}
+    changed += [f"{name} (not on the page)" for name in TABLES if name not in shown]
+    return new, changed
 
 
 def main(argv: list[str] | None = None) -> int:
