@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock
+from gridtnp.nn.gaussian import gaussian
 from gridtnp.nn.grids import (
     Grid,
     assign_cells,
@@ -331,10 +332,10 @@ class KernelInterpolationEncoder(nn.Module):
         """Kernel ``[...]`` between points ``x [..., d]`` and grid coordinates ``g [..., d]`` (broadcast)."""
         ls = self.lengthscale.float()
         if self.distance == "euclidean":
-            return torch.exp(-0.5 * (self.grid.difference(x, g) / ls).square().sum(-1))
+            return gaussian((self.grid.difference(x, g) / ls).square().sum(-1))
         r = great_circle(x[..., -2:], g[..., -2:]) / ls[-1]
         other = (self.grid.difference(x, g)[..., :-2] / ls[:-1]).square().sum(-1)
-        return torch.exp(-0.5 * (r.square() + other))
+        return gaussian(r.square() + other)
 
     def dense_weights(self, x: Tensor, mask: Tensor) -> Tensor:
         """Kernel between ``x [B, n, d]`` and every grid point, zero where ``mask`` is False: ``[B, n, M]``."""
@@ -349,10 +350,11 @@ class KernelInterpolationEncoder(nn.Module):
         c = torch.cos(lat) * torch.cos(lat_g)
         s = torch.sin((lon - lon_g) / 2).square()
         h = a.unsqueeze(-1) + c.unsqueeze(-1) * s.unsqueeze(-2)  # [B, n, M_lat, M_lon]
-        spatial = torch.exp(-0.5 * (haversine_distance(h) / ls[-1].float()).square()).flatten(-2)
+        factors = 1 + (0 if self.other_grid is None else self.other_grid.ndim)  # multiplied by `other` below
+        spatial = gaussian((haversine_distance(h) / ls[-1].float()).square(), factors).flatten(-2)
         if self.other_grid is None:
             return spatial * mask.unsqueeze(-1)
-        other = se_weights(x[..., :-2], self.other_grid, ls[:-1], mask)  # [B, n, M_other]
+        other = se_weights(x[..., :-2], self.other_grid, ls[:-1], mask, factors)  # [B, n, M_other]
         return (other.unsqueeze(-1) * spatial.unsqueeze(-2)).flatten(-2)
 
     def forward(self, sources: dict[str, Tokens]) -> Latent:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from gridtnp.nn.gaussian import gaussian
+
 
 class Grid:
     """Coordinate system of a regular grid over ``[lower, upper]`` with ``shape`` points."""
@@ -158,13 +160,16 @@ def as_grid(spec: Grid | dict | None) -> Grid | None:
     return Grid(**spec)
 
 
-def se_weights(x: Tensor, grid: Grid, lengthscale: Tensor, mask: Tensor | None = None) -> Tensor:
+def se_weights(
+    x: Tensor, grid: Grid, lengthscale: Tensor, mask: Tensor | None = None, factors: int | None = None
+) -> Tensor:
     """SE kernel ``exp(-0.5 sum_d ((x_d - g_d) / l_d)^2)`` between ``x [B, N, d]`` and every grid point: ``[B, N, M]``.
 
     ``lengthscale`` is ``[d]``; rolled dimensions use the wrapped difference. Points with ``mask [B, N]`` False
     get weight 0 (even if their ``x`` is NaN). The kernel is separable, so only ``[B, N, M_d]`` factors are
     formed per dimension before their outer product (grid points row-major). Computed in float32 whatever the
-    input dtype, since coordinates such as longitudes lose too much in bf16.
+    input dtype, since coordinates such as longitudes lose too much in bf16. Factors too small for a product of
+    ``factors`` of them (default: the grid's dimensions) to stay a normal float are zero (``nn.gaussian``).
     """
     if x.shape[-1] != grid.ndim:
         raise ValueError(f"se_weights: x has {x.shape[-1]} input dimension(s) but the grid {grid} has {grid.ndim}.")
@@ -178,12 +183,12 @@ def se_weights(x: Tensor, grid: Grid, lengthscale: Tensor, mask: Tensor | None =
         [torch.nn.functional.pad(a, (0, size_max - a.numel())) for a in grid.axes(x.device, torch.float32)], dim=-1
     )  # [M_max, d]
     diff = grid.difference(x.unsqueeze(-2), axes) / lengthscale  # [B, N, M_max, d]
-    factors = torch.exp(-0.5 * diff.square())
-    weights = factors[..., : grid.shape[0], 0]
+    per_axis = gaussian(diff.square(), factors or grid.ndim)  # [B, N, M_max, d]
+    weights = per_axis[..., : grid.shape[0], 0]
     if mask is not None:
         weights = weights * mask.unsqueeze(-1)
     for d in range(1, grid.ndim):  # loop over input dimensions (d <= 3), not points
-        weights = (weights.unsqueeze(-1) * factors[..., : grid.shape[d], d].unsqueeze(-2)).flatten(-2)
+        weights = (weights.unsqueeze(-1) * per_axis[..., : grid.shape[d], d].unsqueeze(-2)).flatten(-2)
     return weights
 
 

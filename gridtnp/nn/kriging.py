@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.distributions import Normal
 
 from gridtnp.nn.embeddings import LearnedGridEmbedding
+from gridtnp.nn.gaussian import exp_floored
 from gridtnp.registry import register
 
 WHERE = "kriging 'gp'"  # how error messages name this component
@@ -127,9 +128,9 @@ class ResidualKriging(nn.Module):
         log_taper, log_l, log_a2, _ = self.log_scales.unbind()
         d2 = torch.cdist(xa, xb, compute_mode="donot_use_mm_for_euclid_dist").square()
         shared = fa @ fb.transpose(1, 2) / self.rank
-        return torch.exp(-0.5 * d2 * torch.exp(-2 * log_taper)) * shared + torch.exp(
-            log_a2 - 0.5 * d2 * torch.exp(-2 * log_l)
-        )
+        # Two factors in the first term: each floored so that their product stays a normal float.
+        taper = exp_floored(-0.5 * d2 * torch.exp(-2 * log_taper), factors=2)
+        return taper * shared + exp_floored(log_a2 - 0.5 * d2 * torch.exp(-2 * log_l))
 
     def _self_kernel(self, f: Tensor) -> Tensor:
         """``k(x, x)`` ``[B, N]``."""

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, Normal
 
 from gridtnp.nn.embeddings import LearnedGridEmbedding
+from gridtnp.nn.gaussian import exp_floored, floor_logits
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.registry import register
 
@@ -344,7 +345,7 @@ class InterpolationResidual(nn.Module):
         dn = departure.gather(1, flat.expand(-1, -1, self.dim_y)).view(b, nt, k, -1)
         log_l, log_w = self.log_departure_scale.unbind()
         d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)
-        a = torch.where(ok, torch.exp(log_w - 0.5 * d2 * torch.exp(-2 * log_l)), 0.0)  # [B, Nt, k]
+        a = torch.where(ok, exp_floored(log_w - 0.5 * d2 * torch.exp(-2 * log_l)), 0.0)  # [B, Nt, k]
         lam = a / (1 + a.sum(-1, keepdim=True))  # simple-kriging-like: sums to < 1, shrinks to 0 far away
         spread = (lam.unsqueeze(-1) * dn).sum(-2)  # [B, Nt, Dy]
         spread_sq = (lam.unsqueeze(-1) * dn.square()).sum(-2)
@@ -369,7 +370,7 @@ class InterpolationResidual(nn.Module):
                 j = self.regression["sources"].index(source)
                 offsets = offsets * torch.exp(self.log_lengthscale[i] - self.log_regression_lengthscale[j])
                 logits = torch.where(torch.isfinite(logits), -0.5 * offsets.square().sum(-1), float("-inf"))
-            w = torch.softmax(logits, -1).nan_to_num(0.0).unsqueeze(-1)  # [B, Nt, k, 1], within the source
+            w = torch.softmax(floor_logits(logits), -1).nan_to_num(0.0).unsqueeze(-1)  # [B, Nt, k, 1], per source
             departure = values - (w * values).sum(-2, keepdim=True)  # [B, Nt, k, Dy]
             phi = shape_basis(offsets.to(values.dtype), self.regression["degree"])  # [B, Nt, k, P]
             g = torch.einsum("btkp,btky->btpy", w * phi, departure)  # [B, Nt, P, Dy]
@@ -436,7 +437,7 @@ class InterpolationResidual(nn.Module):
         logits = near.logits
         if extra is not None:  # invalid neighbours stay at -inf, and no gradient reaches `extra` through them
             logits = torch.where(torch.isfinite(logits), logits + extra, float("-inf"))
-        weights = torch.softmax(logits, -1).nan_to_num(0.0)  # no valid neighbour at all: zeros
+        weights = torch.softmax(floor_logits(logits), -1).nan_to_num(0.0)  # no valid neighbour at all: zeros
         mean = (weights.unsqueeze(-1) * near.values).sum(-2)
         return mean, torch.stack([w.sum(-1) for w in weights.split(near.sizes, -1)], -1)
 

@@ -7,6 +7,8 @@ factors: with fewer value channels than points along the last axis it folds the 
 (``[B, N, M_1..M_{d-1} C]``) and contracts the last axis in one batched matrix product, never forming the
 ``[B, N, M]`` weights (whose outer product and its backward dominated the ConvCNP step); with wide values the
 full weights are cheaper and are formed once per chunk. Same sums as ``grids.se_weights`` (tests compare them).
+Factors too small for their product to stay a normal float are zero (``gaussian``): subnormal operands slow
+matrix products on Intel CPUs many times over.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from gridtnp.nn.gaussian import gaussian
 from gridtnp.nn.grids import Grid
 
 
@@ -34,7 +37,7 @@ def axis_factors(x: Tensor, grid: Grid, lengthscale: Tensor, mask: Tensor | None
         if grid.roll[d]:
             period = grid.upper[d] - grid.lower[d]
             diff = torch.remainder(diff + period / 2, period) - period / 2
-        factors.append(torch.exp(-0.5 * (diff / ls[d]).square()))
+        factors.append(gaussian((diff / ls[d]).square(), grid.ndim))  # no subnormal products
     if mask is not None:
         factors[0] = factors[0] * mask.unsqueeze(-1)
     return factors

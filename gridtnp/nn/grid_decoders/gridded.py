@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import CrossAttentionBlock, MultiHeadAttention, te_attention
+from gridtnp.nn.gaussian import gaussian
 from gridtnp.nn.grids import Grid, initial_lengthscale
 from gridtnp.nn.mlp import mlp
 from gridtnp.nn.neighbours import knn_points
@@ -140,7 +141,7 @@ class KernelInterpolationDecoder(nn.Module):
         index, valid = grid.neighbours(xt, self.nearest**grid.ndim)  # [B, n, K]
         g = grid.points(xt.device).reshape(-1, grid.ndim)[index]  # [B, n, K, d]
         diff = grid.difference(xt.unsqueeze(-2), g) / lengthscale.float()
-        weights = torch.exp(-0.5 * diff.square().sum(-1)) * valid  # [B, n, K]
+        weights = gaussian(diff.square().sum(-1)) * valid  # [B, n, K]
         return (weights.unsqueeze(-2) @ gather_rows(u, index)).squeeze(-2)
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gridtnp.nn.attention import attention_mask
+from gridtnp.nn.gaussian import floor_logits
 from gridtnp.nn.grid_decoders.gridded import gather_rows
 from gridtnp.nn.grid_decoders.interpolation import check_final
 from gridtnp.nn.grids import Grid
@@ -158,7 +159,8 @@ class GKADecoder(nn.Module):
     @staticmethod
     def _average(logits: Tensor, valid: Tensor, values: Tensor) -> Tensor:
         """Softmax over the last axis of ``logits, valid [B, Nt, K]`` applied to ``values [B, Nt, K, D]``."""
-        weights = torch.softmax(logits.masked_fill(~valid, float("-inf")), -1).nan_to_num(0.0)  # no key: 0
+        logits = floor_logits(logits.masked_fill(~valid, float("-inf")))
+        weights = torch.softmax(logits, -1).nan_to_num(0.0)  # no key: 0
         return (weights.unsqueeze(-2).to(values.dtype) @ values).squeeze(-2)
 
     @staticmethod
