@@ -1,8 +1,8 @@
 """gridtnp: gridded transformer neural processes in PyTorch Lightning.
 
 The public names are imported on first use (PEP 562), so what needs only the data tools (``gridtnp data prepare``,
-``gridtnp --help``) starts without torch and Lightning; the registry imports the modules that register components
-the first time it is asked for one (``gridtnp.registry``).
+``gridtnp --help``) starts without torch and Lightning. The component packages register what they define when
+imported; ``import_components`` imports them, and the registry calls it on its first lookup (``gridtnp.registry``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from gridtnp.registry import ConfigError, available, build, register, unregister
+from gridtnp.registry import ConfigError, add_loader, available, build, register, unregister
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,15 @@ __all__ = [
     "register",
     "unregister",
 ]
+
+
+def import_components() -> None:
+    """Import gridtnp's packages of registered components: the model stages, presets, tasks and DataModules."""
+    from gridtnp import models, nn  # noqa: F401
+    from gridtnp.data import datamodules, era5, gp, gp1d_multimodal, sawtooth  # noqa: F401
+
+
+add_loader(import_components)
 
 
 def __getattr__(name: str) -> Any:

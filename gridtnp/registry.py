@@ -9,6 +9,12 @@
 Recipes name components by these strings; ``build`` checks keyword arguments against the
 component's signature so a typo in a recipe key fails with the list of accepted keys.
 
+Discovery: a package registers what it defines when it is imported (``@register`` at each definition, the
+package's ``__init__`` importing its modules). The registry itself imports nothing of gridtnp: on the first lookup it
+calls the loaders added with ``add_loader`` (``gridtnp/__init__`` adds the one that imports gridtnp's own
+component packages) and then loads every Python entry point of the group ``gridtnp.components`` (a plugin package's
+``[project.entry-points."gridtnp.components"]``, see docs/extending.md), once.
+
 Shared settings: the model passes each component the settings of ``SHARED[kind]`` that its constructor accepts
 (``dim``, ``grid``, ...), unless the recipe sets them itself. ``document(kind, name)`` (``gridtnp list KIND NAME``)
 shows a component's docstring, its arguments with types, defaults and meanings (from the ``Args:`` section of its
@@ -18,8 +24,9 @@ docstring, or ``SHARED``), and which of them the model passes in.
 from __future__ import annotations
 
 import difflib
-import importlib
+import importlib.metadata
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -88,19 +95,12 @@ SHARED: dict[str, dict[str, str]] = {
 
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 
-# The modules that register components, imported the first time a kind is looked up (not with gridtnp, so that
-# the data tools start without torch): every kind loads the model stages, presets and tasks; the ERA5 DataModules
-# (xarray, dask) load with the datamodule kind, so `gridtnp list datamodule` shows them too.
-_COMPONENT_MODULES = (
-    "gridtnp.nn",
-    "gridtnp.models",
-    "gridtnp.data.gp",
-    "gridtnp.data.gp1d_multimodal",
-    "gridtnp.data.sawtooth",
-    "gridtnp.data.datamodules",
-)
-_LAZY_MODULES: dict[str, list[str]] = {kind: list(_COMPONENT_MODULES) for kind in KINDS}
-_LAZY_MODULES["datamodule"].append("gridtnp.data.era5")
+#: The entry-point group through which installed packages add components (each entry point names a module to import).
+ENTRY_POINT_GROUP = "gridtnp.components"
+
+# Functions that import modules registering components, run once before the first lookup (``add_loader``).
+_loaders: list[Callable[[], object]] = []
+_loaded = False
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -109,12 +109,43 @@ class ConfigError(ValueError):
     """A recipe or component specification that cannot be built; the message says how to fix it."""
 
 
+def add_loader(loader: Callable[[], object]) -> None:
+    """Run ``loader`` (a function importing modules that register components) before the first lookup, or now if a
+    lookup has already happened."""
+    if _loaded:
+        loader()
+    else:
+        _loaders.append(loader)
+
+
+def load_plugins() -> None:
+    """Run the added loaders and import the modules of every ``gridtnp.components`` entry point (once).
+
+    A plugin that fails to import is skipped with a warning naming its entry point, so one broken package does not
+    hide the others' components.
+    """
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    while _loaders:
+        _loaders.pop(0)()
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as err:  # a third-party package: report it, keep the rest usable
+            warnings.warn(
+                f"gridtnp plugin {entry.name!r} ({entry.value}, entry point group {ENTRY_POINT_GROUP!r}) failed to "
+                f"import and is skipped: {type(err).__name__}: {err}",
+                stacklevel=2,
+            )
+
+
 def _check_kind(kind: str, load: bool = True) -> dict[str, Callable[..., Any]]:
     if kind not in _REGISTRY:
         raise ConfigError(f"Unknown component kind {kind!r}. Kinds: {', '.join(KINDS)}.")
     if load:
-        while _LAZY_MODULES.get(kind):
-            importlib.import_module(_LAZY_MODULES[kind].pop())
+        load_plugins()
     return _REGISTRY[kind]
 
 
