@@ -423,9 +423,10 @@ class NeuralProcessModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         report_training_scale(self.trainer, self.lr)
-        describe = getattr(self.trainer.datamodule, "describe", None)
-        if callable(describe) and self.trainer.is_global_zero:
-            print(f"gridtnp: data: {describe()}", flush=True)
+        describe = optional(self.trainer.datamodule, "describe")
+        line = describe() if callable(describe) and self.trainer.is_global_zero else None
+        if line:
+            print(f"gridtnp: data: {line}", flush=True)
         timer = time_budget(self.trainer)
         if self.lr_schedule == "cosine" and timer is not None and self.trainer.is_global_zero:
             steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None

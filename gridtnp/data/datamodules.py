@@ -1,9 +1,10 @@
 """The task DataModules' shared loaders (``TaskDataModule``) and ``SyntheticDataModule``, which draws synthetic
 tasks on the fly.
 
-* ``TaskDataModule``: subclasses give ``split_task(split) -> Task``; it builds the training stream and the fixed
+* ``TaskDataModule(loader)``: subclasses give ``split_task(split) -> Task``; it builds the training stream and the fixed
   validation / test sets, each batch a ``Batch`` of ``batch_size`` tasks.
-* ``SyntheticDataModule(task, ...)``: a registered task generator (``gridtnp.data.tasks``) for every split.
+* ``SyntheticDataModule(task, loader, test_task)``: a registered task generator (``gridtnp.data.tasks``) for each
+  split.
 * ``TrainTaskStream``, ``FixedTaskSet``, ``ShardSampler``: the datasets and the evaluation sampler behind them;
   ``seed_from(*parts)``, ``generator_from(*parts)``: the seeds below; ``check_counts``: argument checks.
 
@@ -25,16 +26,18 @@ with the next batch of that epoch instead of replaying the epoch from its start.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from gridtnp.batch import Batch
+from gridtnp.data.contract import GridDataModule
 from gridtnp.data.freed_memory import worker_init
+from gridtnp.data.sections import LoaderConfig, plain, section
 from gridtnp.data.tasks import Task
 from gridtnp.registry import ConfigError, build_from_spec, register
 
@@ -189,6 +192,10 @@ class _EpochLoader(DataLoader):
         self._resume_at = (epoch + 1, 0) if consumed >= stream.num_batches else (epoch, consumed)
 
 
+#: The synthetic DataModule's loader defaults: 1,000 training batches, fixed sets of 32 and 64 batches.
+SYNTHETIC_LOADER = LoaderConfig(batch_size=16, train_batches=1000, val_batches=32, test_batches=64)
+
+
 def check_counts(where: str, counts: list[tuple[str, object, int]]) -> None:
     """Raise a ConfigError unless every ``(name, value, smallest)`` is an integer >= smallest."""
     for key, value, smallest in counts:
@@ -196,36 +203,26 @@ def check_counts(where: str, counts: list[tuple[str, object, int]]) -> None:
             raise ConfigError(f"{where}: {key} must be an integer >= {smallest}; got {value!r}.")
 
 
-class TaskDataModule(L.LightningDataModule):
+class TaskDataModule(GridDataModule, ABC):
     """Loaders shared by every task DataModule: an endless training stream per rank and fixed val/test sets.
 
-    Subclasses say which task generator serves each split by overriding ``split_task``, and with
-    ``keep_freed_memory`` whether their DataLoader workers keep freed memory in their heap
-    (``gridtnp.data.freed_memory``): worth it where each batch allocates and frees arrays of many MiB.
+    Subclasses say which task generator serves each split with ``split_task``, and with ``keep_freed_memory``
+    whether their DataLoader workers keep freed memory in their heap (``gridtnp.data.freed_memory``): worth it
+    where each batch allocates and frees arrays of many MiB. ``loader`` (``LoaderConfig``) sizes the batches.
     """
 
     keep_freed_memory = False
 
-    def __init__(
-        self, batch_size: int, train_batches: int, val_batches: int, test_batches: int, seed: int, num_workers: int
-    ) -> None:
+    def __init__(self, loader: LoaderConfig | None = None) -> None:
         super().__init__()
-        check_counts(
-            type(self).__name__,
-            [
-                ("batch_size", batch_size, 1),
-                ("train_batches", train_batches, 1),
-                ("val_batches", val_batches, 0),
-                ("test_batches", test_batches, 0),
-                ("num_workers", num_workers, 0),
-            ],
-        )
-        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
-        self.train_batches, self.val_batches, self.test_batches = train_batches, val_batches, test_batches
+        self.loader = section(LoaderConfig, loader, "loader")
+        self.batch_size, self.seed, self.num_workers = self.loader.batch_size, self.loader.seed, self.loader.num_workers
+        self.train_batches, self.val_batches = self.loader.train_batches, self.loader.val_batches
+        self.test_batches = self.loader.test_batches
 
+    @abstractmethod
     def split_task(self, split: str) -> Task:
         """The task generator of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
-        raise NotImplementedError
 
     def _rank(self) -> int:
         return int(getattr(self.trainer, "global_rank", 0) or 0)
@@ -306,29 +303,21 @@ class SyntheticDataModule(TaskDataModule):
 
     Args:
         task: a task spec ``{"name": "gp1d", **kwargs}`` or a bare registered task name.
-        batch_size: tasks per batch.
-        train_batches: batches per training epoch (per rank; split across dataloader workers).
-        val_batches: batches in the fixed validation set.
-        test_batches: batches in the fixed test set.
-        seed: base seed for every split.
-        num_workers: dataloader worker processes.
+        loader: batch size, batches per epoch and per fixed evaluation set, seed, workers (``LoaderConfig``).
         test_task: the test split's task when it differs from ``task`` (a shifted or rotated test set); it must
             have the same ``dim_x`` and ``dim_y``.
     """
 
+    MOVED_ARGUMENTS = {name: f"loader.{name}" for name in LoaderConfig.__dataclass_fields__}
+
     def __init__(
         self,
         task: dict[str, Any] | str,
-        batch_size: int = 16,
-        train_batches: int = 1000,
-        val_batches: int = 32,
-        test_batches: int = 64,
-        seed: int = 0,
-        num_workers: int = 0,
+        loader: LoaderConfig = SYNTHETIC_LOADER,
         test_task: dict[str, Any] | str | None = None,
     ) -> None:
-        super().__init__(batch_size, train_batches, val_batches, test_batches, seed, num_workers)
-        self.save_hyperparameters()
+        super().__init__(loader)
+        self.save_hyperparameters({"task": task, "loader": plain(self.loader), "test_task": test_task})
         self.task: Task = self._build_task(task)
         self.test_task: Task = self.task if test_task is None else self._build_task(test_task)
         if (self.test_task.dim_x, dict(self.test_task.dim_y)) != (self.task.dim_x, dict(self.task.dim_y)):
@@ -356,11 +345,6 @@ class SyntheticDataModule(TaskDataModule):
     def dim_y(self) -> dict[str, int]:
         """Output dimension per context source."""
         return dict(self.task.dim_y)
-
-    @property
-    def target_dim_y(self) -> int:
-        """Output dimension of the targets."""
-        return self.task.target_dim_y
 
     def split_task(self, split: str) -> Task:
         """Training and validation draw from ``task``, the test split from ``test_task`` (each with its own seeds)."""

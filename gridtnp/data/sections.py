@@ -41,6 +41,17 @@ def check_pair(key: str, value: object) -> tuple[Any, Any]:
     return value[0], value[1]
 
 
+def fraction_range(key: str, value: object) -> tuple[float, float]:
+    """``(a, b)`` as floats, or a ConfigError naming ``key`` unless ``0 <= a <= b <= 1``."""
+    try:
+        low, high = (float(v) for v in check_pair(key, value))
+    except (TypeError, ValueError):
+        low, high = 1.0, 0.0
+    if not 0.0 <= low <= high <= 1.0:
+        raise ConfigError(f"{key} must be (a, b) with 0 <= a <= b <= 1; got {value!r}.")
+    return low, high
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """How tasks are batched and loaded (``loader:``).
@@ -133,6 +144,11 @@ class SplitDates:
         return {"train": self.train, "val": self.val, "test": self.test}
 
 
+#: The default store and splits (frozen, so one instance serves every module): the embedded sample, March 2019.
+DEFAULT_STORE = StoreConfig()
+DEFAULT_SPLITS = SplitDates()
+
+
 def section(kind: type, value: Any, key: str) -> Any:
     """``value`` as a ``kind`` section: kept if it is one, built from a mapping, the defaults for None."""
     if value is None:
@@ -162,6 +178,7 @@ MOVED_STORE_ARGUMENTS: dict[str, str] = {
     "val_dates": "splits.val",
     "test_dates": "splits.test",
 }
+
 
 def moved_argument(cls: type, name: str) -> str | None:
     """The new key of ``cls``'s flat-layout argument ``name`` (``"loader.batch_size"``), or None."""

@@ -1,7 +1,8 @@
 """``StoreDataModule``: the base of every DataModule that reads a prepared Zarr store (``gridtnp data prepare``) or
 the embedded sample (date splits, a chunk cache), and what their task samplers share.
 
-* ``StoreDataModule(store, splits, loader)`` (the sections of ``gridtnp.data.sections``): ``store_path()``, ``prepare_data()``, ``open(variables)``,
+* ``StoreDataModule(store, splits, loader)`` (sections of ``gridtnp.data.sections``):
+  ``store_path()``, ``prepare_data()``, ``open(variables)``,
   ``chunk_cache(variables, region)``, ``split_hours(ds, path) -> {split: time indices [T]}``.
 * ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
 * ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
@@ -26,7 +27,6 @@ import xarray as xr
 from gridtnp.batch import Observations
 from gridtnp.data.datamodules import TaskDataModule
 from gridtnp.data.layout import STATS_ATTR, DataError, iso, select_time
-from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, unwrapped_region
 from gridtnp.data.sections import (
     MOVED_STORE_ARGUMENTS,
     SAMPLE_TRAIN_DATES,
@@ -35,6 +35,7 @@ from gridtnp.data.sections import (
     StoreConfig,
     section,
 )
+from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, unwrapped_region
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError
 

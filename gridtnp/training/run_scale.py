@@ -6,6 +6,8 @@ from typing import Any
 
 import lightning as L
 
+from gridtnp.data.contract import optional
+
 
 def training_scale(trainer: L.Trainer, lr: float | None = None) -> dict[str, Any]:
     """World size, tasks per optimiser step and learning rate of a run set up by ``trainer``.
@@ -13,7 +15,7 @@ def training_scale(trainer: L.Trainer, lr: float | None = None) -> dict[str, Any
     DDP averages gradients over ranks, so one optimiser step sees ``batch_size x world_size x accumulate_grad_batches``
     tasks at the configured learning rate (gridtnp does not rescale it with the batch size).
     """
-    batch_size = getattr(trainer.datamodule, "batch_size", None)
+    batch_size = optional(trainer.datamodule, "batch_size")
     accumulate = int(trainer.accumulate_grad_batches)
     scale: dict[str, Any] = {
         "world_size": int(trainer.world_size),

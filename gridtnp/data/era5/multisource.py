@@ -9,7 +9,6 @@ source per variable / level (``x [B, N, 3]``, ``y [B, N, 1]``) and targets ``x [
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,38 +17,22 @@ import xarray as xr
 from torch.utils.data import DataLoader, Dataset
 
 from gridtnp.batch import Batch
-from gridtnp.data.datamodules import check_counts, generator_from
+from gridtnp.data.datamodules import generator_from
+from gridtnp.data.era5.sources import DEFAULT_MULTISOURCE_TASK, MULTISOURCE_LOADER, MultiSourceTaskConfig, Source
 from gridtnp.data.era5.to_xarray import Variable, window_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
+from gridtnp.data.sections import (
+    DEFAULT_SPLITS,
+    DEFAULT_STORE,
+    LoaderConfig,
+    SplitDates,
+    StoreConfig,
+    plain,
+    section,
+)
 from gridtnp.data.store import ChunkCache, normalisation_stats, select
-from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range, masked_observations
-from gridtnp.registry import ConfigError, register
-
-
-class Source:
-    """One modality of a multi-source task: ``"u10"`` (a variable) or ``"u@850"`` (variable ``u`` at level 850).
-
-    ``name`` is the context-source key (``"u850"`` for ``"u@850"``).
-    """
-
-    def __init__(self, spec: str) -> None:
-        variable, _, level = str(spec).partition("@")
-        if not variable or (level and not _is_number(level)):
-            raise ConfigError(f"Variable {spec!r}: expected a name such as 'u10', or name@level such as 'u@850'.")
-        self.spec, self.variable = str(spec), variable
-        self.level = float(level) if level else None
-        self.name = variable if self.level is None else f"{variable}{self.level:g}"
-
-    def __repr__(self) -> str:
-        return f"Source({self.spec!r})"
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+from gridtnp.data.store_datamodule import StoreDataModule, masked_observations
+from gridtnp.registry import register
 
 
 class MultiSourceTask:
@@ -177,96 +160,30 @@ class MultiSourceDataModule(StoreDataModule):
     variable, ``target_scale`` (its std, for metrics in physical units).
 
     Args:
-        store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample (t2m only).
-        variables: the context sources, ``"name"`` or ``"name@level"`` (e.g. ``["u@700", "v@700", "u10"]``).
-        target_variables: the variables predicted at the targets, in ``variables``' notation (default: all).
-        region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store); ``lon_min >
-            lon_max`` is a box across the date line, read as one run past 180 degrees.
-        window: consecutive hours per task (T).
-        context_fraction: ``(a, b)``: each source's context share per task ``~ U[a, b]`` (the paper's
-            U[0.05, 0.25]).
-        target_fraction: share of the points used as targets (the paper's 0.25).
-        train_dates: inclusive ``(start, end)`` date strings of the training split (a window lies wholly inside
-            its split).
-        val_dates: inclusive ``(start, end)`` date strings of the validation split.
-        test_dates: inclusive ``(start, end)`` date strings of the test split.
-        batch_size: tasks per batch.
-        train_batches: batches per training epoch (per rank).
-        val_batches: batches in the fixed validation set.
-        test_batches: batches in the fixed test set.
-        seed: base seed of every split.
-        num_workers: DataLoader workers (each opens its own handle on the store).
-        cache_chunks: time chunks per variable kept in memory in each process.
-        storage_options: fsspec options for a remote store, e.g. ``{"token": "anon"}``.
-        convert_layout: accept a store that was not prepared by gridtnp (e.g. the public ARCO ERA5 store:
-            latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
-        stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
-            required for stores without them.
-        allow_stats_overlap: accept a store whose statistics were computed over validation or test hours (by
-            default that is refused: ``gridtnp data prepare --train-start/--train-end`` sets the period).
+        store: the store section (``gridtnp.data.sections.StoreConfig``; the embedded sample holds t2m only).
+        splits: the train, val and test dates (``SplitDates``; a window lies wholly inside its split).
+        loader: batch size, batches per epoch and per fixed evaluation set, seed, workers (``LoaderConfig``).
+        task: the sources, targets and window (``MultiSourceTaskConfig``).
     """
+
+    MOVED_ARGUMENTS = {name: f"task.{name}" for name in ("variables", "target_variables", "window",
+                                                          "context_fraction", "target_fraction")}  # fmt: skip
 
     def __init__(
         self,
-        store: str | None = None,
-        variables: Sequence[str] = ("t2m",),
-        target_variables: Sequence[str] | None = None,
-        region: tuple[float, float, float, float] | None = None,
-        window: int = 4,
-        context_fraction: tuple[float, float] = (0.05, 0.25),
-        target_fraction: float = 0.25,
-        train_dates: tuple[str, str] = SAMPLE_TRAIN_DATES,
-        val_dates: tuple[str, str] = ("2019-03-22", "2019-03-26"),
-        test_dates: tuple[str, str] = ("2019-03-27", "2019-03-31"),
-        batch_size: int = 8,
-        train_batches: int = 100,
-        val_batches: int = 16,
-        test_batches: int = 32,
-        seed: int = 0,
-        num_workers: int = 0,
-        cache_chunks: int = 8,
-        storage_options: dict[str, Any] | None = None,
-        convert_layout: bool = False,
-        stats: dict[str, Sequence[float]] | None = None,
-        allow_stats_overlap: bool = False,
+        store: StoreConfig = DEFAULT_STORE,
+        splits: SplitDates = DEFAULT_SPLITS,
+        loader: LoaderConfig = MULTISOURCE_LOADER,
+        task: MultiSourceTaskConfig = DEFAULT_MULTISOURCE_TASK,
     ) -> None:
-        dates = {"train": train_dates, "val": val_dates, "test": test_dates}
-        super().__init__(
-            store,
-            dates,
-            batch_size,
-            train_batches,
-            val_batches,
-            test_batches,
-            seed,
-            num_workers,
-            storage_options=storage_options,
-            convert_layout=convert_layout,
-            stats=stats,
-            allow_stats_overlap=allow_stats_overlap,
-        )
-        where = "MultiSourceDataModule"
-        check_counts(where, [("window", window, 1), ("cache_chunks", cache_chunks, 1)])
-        if isinstance(variables, str) or not variables:
-            raise ConfigError(
-                f"{where}: variables must be a non-empty list such as ['u@700', 'v@700']; got {variables!r}."
-            )
-        self.sources = [Source(v) for v in variables]
-        names = [s.name for s in self.sources]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"{where}: variables {list(variables)} name a source twice.")
-        targets = [Source(v).name for v in (variables if target_variables is None else target_variables)]
-        unknown = [t for t in targets if t not in names]
-        if unknown or not targets:
-            raise ConfigError(
-                f"{where}: target_variables {target_variables!r} must be a non-empty subset of variables {names}."
-            )
-        if not 0.0 < float(target_fraction) < 1.0:
-            raise ConfigError(f"{where}: target_fraction must be in (0, 1); got {target_fraction}.")
-        self.save_hyperparameters()
-        self.targets, self.region, self.window = targets, region, window
-        self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
-        self.target_fraction, self.cache_chunks = float(target_fraction), cache_chunks
+        super().__init__(store, splits, loader)
+        options = section(MultiSourceTaskConfig, task, "task")
+        sections = {"store": self.store_config, "splits": self.split_dates, "loader": self.loader, "task": options}
+        self.save_hyperparameters({name: plain(value) for name, value in sections.items()})
+        self.sources = [Source(v) for v in options.variables]
+        self.targets = [Source(v).name for v in options.target_variables or options.variables]
+        self.window, self.context_fraction = options.window, options.context_fraction
+        self.target_fraction = options.target_fraction
         self.task: MultiSourceTask | None = None
         self.starts: dict[str, np.ndarray] = {}
 
@@ -276,11 +193,6 @@ class MultiSourceDataModule(StoreDataModule):
     def dim_y(self) -> dict[str, int]:
         """Output dimension per context source (one variable each)."""
         return {s.name: 1 for s in self.sources}
-
-    @property
-    def target_dim_y(self) -> int:
-        """One output per target variable."""
-        return len(self.targets)
 
     def setup(self, stage: str | None = None) -> None:
         """Open the store for metadata, check variables, levels, region and dates, and build the task sampler."""

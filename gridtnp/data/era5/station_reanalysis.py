@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,26 +19,29 @@ import xarray as xr
 from torch.utils.data import DataLoader
 
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, computed_climatology, read_climatology
-from gridtnp.data.datamodules import check_counts
+from gridtnp.data.era5.station_options import (
+    DEFAULT_PREDICT,
+    DEFAULT_STATION_TASK,
+    STATION_LOADER,
+    StationPredictConfig,
+    StationTaskConfig,
+)
 from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationReanalysisTask
 from gridtnp.data.era5.to_xarray import Variable, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
+from gridtnp.data.sections import (
+    DEFAULT_SPLITS,
+    DEFAULT_STORE,
+    LoaderConfig,
+    SplitDates,
+    StoreConfig,
+    plain,
+    section,
+)
 from gridtnp.data.stations import snap_to_grid
 from gridtnp.data.store import normalisation_stats, region_index, select
-from gridtnp.data.store_datamodule import SAMPLE_TRAIN_DATES, StoreDataModule, check_fraction_range
+from gridtnp.data.store_datamodule import StoreDataModule
 from gridtnp.registry import ConfigError, register
-
-
-def check_offset(where: str, name: str, value: Sequence[int], factors: Sequence[int]) -> tuple[int, int]:
-    """``(lat, lon)`` block offsets as ints, or a ConfigError unless ``0 <= offset < factor`` for every factor."""
-    smallest = min(factors)
-    if isinstance(value, str) or len(value) != 2 or not all(isinstance(o, int) and 0 <= o < smallest for o in value):
-        allowed = "'random' or " if name == "coarsen_offset" else ""
-        raise ConfigError(
-            f"{where}: {name} must be {allowed}[lat, lon] integers in 0..{smallest - 1} (fine cells before the first "
-            f"block edge, below the block size {smallest}); got {value!r}."
-        )
-    return int(value[0]), int(value[1])
 
 
 @register("datamodule", "era5_stations")
@@ -73,174 +76,63 @@ class StationReanalysisDataModule(StoreDataModule):
     the store's time axis).
 
     Args:
-        store: a prepared Zarr store (path or URL); None prepares the embedded ERA5 sample once into
-            ``$GRIDTNP_CACHE`` (default ``~/.cache/gridtnp``) and reuses it.
+        store: the store section (``gridtnp.data.sections.StoreConfig``); ``store.region`` also bounds the stations
+            and the climatology.
+        splits: the train, val and test dates (``SplitDates``).
+        loader: batch size, training batches per epoch, seed and workers (``LoaderConfig``; validation and test
+            cover their dates, so ``val_batches`` and ``test_batches`` are unused).
+        task: what a task holds (``StationTaskConfig``: variables, blocks, context share, targets, climatology).
         stations: a CSV of station locations (``latitude``, ``longitude``); None uses the embedded HadISD list.
-        region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store): the grid, the
-            stations and the climatology are those of this box, and only its spatial chunks are read (``lon_min >
-            lon_max``: a box across the date line, read as one run past 180 degrees, 140 to 200 for ``140, -160``).
-        station_variable: the variable observed at the stations (context and targets).
-        grid_variables: the variables of the on-the-grid context; an empty list drops the ``"grid"`` source (the
-            paper's t2m-only ablation: stations alone).
-        coarsen: block size of the on-the-grid context in fine cells (4: 0.25 -> 1 degree; 1 keeps the store's
-            resolution), or a list of sizes, one drawn per training task.
-        coarsen_offset: where training tasks' blocks start, in fine cells from the store's first row / column:
-            ``random`` (uniform in ``0..c-1`` per dimension and task) or a fixed ``[lat, lon]`` pair.
-        eval_coarsen: block size for validation, test and predictions; null: ``coarsen`` (its first entry if a list).
-        eval_offset: ``[lat, lon]`` offset of the first block edge for validation, test and predictions.
-        context_fraction: ``(a, b)``: each task uses a share ``~ U[a, b]`` of the stations as context
-            (the paper's U[0, 0.3]).
-        targets: ``"all"`` (every station, context ones included) or ``"held_out"`` (stations not in the context).
-        train_dates: inclusive ``(start, end)`` date strings of the training split.
-        val_dates: inclusive ``(start, end)`` date strings of the validation split.
-        test_dates: inclusive ``(start, end)`` date strings of the test split.
-        time_offset_hours: the grid context is from this many hours before the target hour (nowcasting).
-        batch_size: tasks per batch.
-        train_batches: batches per training epoch (per rank).
-        eval_draws: tasks per hour in validation and test (each a different context draw, fixed by ``seed``).
-        eval_stride: validation and test take every ``eval_stride``-th hour of their dates (1: every hour; e.g. 24
-            for a year of validation hours).
-        time_features: append (sin, cos) of the target hour's hour of day (UTC) to every grid block's values
-            (``dim_y["grid"]`` grows by 2): the diurnal cycle shapes sub-grid detail (land, sea, hills).
-        climatology: give every value as its departure from the climatology of its grid point and UTC hour of day
-            (the mean over the training dates' hours at that hour, computed from the store at ``setup``), scaled by
-            the variable's std. The coarse blocks then average departures, so where a block's edges fall (how much
-            sea or hill it takes in) no longer shifts its value, and a station's departure from its block is more
-            alike from day to day. Metrics are unchanged in meaning (a known per-target reference cancels in errors;
-            the coarse-cell baseline stays that of the values); ``gridtnp predict`` adds the climatology back.
-            The checkpoint keeps the climatology, so ``gridtnp.predictions.predict`` takes it off raw context
-            values and adds it back at the targets (the context then needs a ``time`` coordinate).
-        seed: base seed of every split.
-        num_workers: DataLoader workers (each opens its own handle on the store).
-        cache_chunks: time chunks per variable kept in memory in each process.
-        storage_options: fsspec options for a remote store, e.g. ``{"token": "anon"}``.
-        convert_layout: accept a store that was not prepared by gridtnp (e.g. the public ARCO ERA5 store:
-            latitudes descending, longitudes 0-360, other coordinate names) and convert it lazily on read.
-        stats: ``{variable: [mean, std]}`` (``"u@850"`` for one level) used instead of the store's statistics,
-            required for stores without them.
-        allow_stats_overlap: accept a store whose statistics were computed over validation or test hours (by
-            default that is refused: ``gridtnp data prepare --train-start/--train-end`` sets the period).
-        predict_split: the split whose hours ``gridtnp predict`` covers, every hour in order.
-        predict_context_fraction: the stations' context share for predictions (default: the middle of
-            ``context_fraction``), drawn with a fixed seed.
-        predict_resolution: predict on a regular lat/lon grid of this spacing (degrees) over the store's box
-            instead of at the stations.
-        unique_grid_points: keep one station per grid point (the first in the file). Two stations on one grid point
-            have the same value, so one in the context would give the other away as a target; the embedded HadISD
-            list has 9,159 distinct 0.25 degree points among its 9,957 stations.
-        random_points: off-the-grid values at this many distinct, uniformly random grid points of the store, drawn
-            anew for every task, in place of the stations (the {On, Off}-the-grid thesis's ERA5 task); the share
-            ``context_fraction`` of them is the context. Predictions still use the stations. null: the stations.
-        num_targets: a fixed number of targets per task: that many held-out points (stations or random points)
-            after the context in each task's random order; null: ``targets`` decides.
+        predict: what ``gridtnp predict`` covers (``StationPredictConfig``).
     """
 
     # A task reads whole fields (4 MiB a step at global 0.25 degree) and sums them in blocks: returned to the
     # kernel and faulted in again, those arrays cost a quarter of a worker's CPU (docs/data.md, "The loaders").
     keep_freed_memory = True
 
+    MOVED_ARGUMENTS = {
+        **{name: f"task.{name}" for name in StationTaskConfig.__dataclass_fields__},
+        **{f"predict_{name}": f"predict.{name}" for name in StationPredictConfig.__dataclass_fields__},
+    }
+
     def __init__(
         self,
-        store: str | None = None,
+        store: StoreConfig = DEFAULT_STORE,
+        splits: SplitDates = DEFAULT_SPLITS,
+        loader: LoaderConfig = STATION_LOADER,
+        task: StationTaskConfig = DEFAULT_STATION_TASK,
         stations: str | None = None,
-        region: tuple[float, float, float, float] | None = None,
-        station_variable: str = "t2m",
-        grid_variables: Sequence[str] = ("t2m",),
-        coarsen: int | Sequence[int] = 4,
-        coarsen_offset: Literal["random"] | tuple[int, int] = "random",
-        eval_coarsen: int | None = None,
-        eval_offset: tuple[int, int] = (0, 0),
-        context_fraction: tuple[float, float] = (0.0, 0.3),
-        targets: Literal["all", "held_out"] = "all",
-        train_dates: tuple[str, str] = SAMPLE_TRAIN_DATES,
-        val_dates: tuple[str, str] = ("2019-03-22", "2019-03-26"),
-        test_dates: tuple[str, str] = ("2019-03-27", "2019-03-31"),
-        time_offset_hours: int = 0,
-        batch_size: int = 16,
-        train_batches: int = 100,
-        eval_draws: int = 1,
-        eval_stride: int = 1,
-        time_features: bool = False,
-        climatology: bool = False,
-        seed: int = 0,
-        num_workers: int = 0,
-        cache_chunks: int = 8,
-        storage_options: dict[str, Any] | None = None,
-        convert_layout: bool = False,
-        stats: dict[str, Sequence[float]] | None = None,
-        allow_stats_overlap: bool = False,
-        unique_grid_points: bool = True,
-        predict_split: Literal["train", "val", "test"] = "test",
-        predict_context_fraction: float | None = None,
-        predict_resolution: float | None = None,
-        random_points: int | None = None,
-        num_targets: int | None = None,
+        predict: StationPredictConfig = DEFAULT_PREDICT,
     ) -> None:
-        dates = {"train": train_dates, "val": val_dates, "test": test_dates}
-        super().__init__(
-            store,
-            dates,
-            batch_size,
-            train_batches,
-            1,
-            1,
-            seed,
-            num_workers,
-            storage_options=storage_options,
-            convert_layout=convert_layout,
-            stats=stats,
-            allow_stats_overlap=allow_stats_overlap,
+        super().__init__(store, splits, loader)
+        options = self.options = section(StationTaskConfig, task, "task")
+        self.predict = section(StationPredictConfig, predict, "predict")
+        self.save_hyperparameters(
+            {
+                name: plain(value)
+                for name, value in zip(
+                    ("store", "splits", "loader", "task", "stations", "predict"),
+                    (self.store_config, self.split_dates, self.loader, options, stations, self.predict),
+                    strict=True,
+                )
+            }
         )
-        where = "StationReanalysisDataModule"
-        check_counts(
-            where,
-            [
-                ("time_offset_hours", time_offset_hours, 0),
-                ("cache_chunks", cache_chunks, 1),
-                ("eval_draws", eval_draws, 1),
-                ("eval_stride", eval_stride, 1),
-            ],
-        )
-        if targets not in ("held_out", "all"):
-            raise ConfigError(f"{where}: targets must be 'all' or 'held_out'; got {targets!r}.")
-        factors = [coarsen] if isinstance(coarsen, int) else list(coarsen)
-        check_counts(where, [(f"coarsen[{i}]", f, 1) for i, f in enumerate(factors)] or [("coarsen", None, 1)])
-        eval_factor = factors[0] if eval_coarsen is None else eval_coarsen
-        check_counts(where, [("eval_coarsen", eval_factor, 1)])
-        offset = None if coarsen_offset == "random" else check_offset(where, "coarsen_offset", coarsen_offset, factors)
+        offset = None if options.coarsen_offset == "random" else options.coarsen_offset
         # layouts per split: (block sizes to draw from, fixed offset or None for random)
         self.layouts = {
-            "train": (factors, offset),
-            "eval": ([eval_factor], check_offset(where, "eval_offset", eval_offset, [eval_factor])),
+            "train": (options.factors, offset),
+            "eval": ([options.eval_factor], options.eval_offset),
         }
-        if isinstance(grid_variables, str):
-            raise ConfigError(f"{where}: grid_variables must be a list of names; got {grid_variables!r}.")
-        if not grid_variables and time_features:
-            raise ConfigError(f"{where}: time_features needs grid_variables (the clock rides on the grid context).")
-        self.save_hyperparameters()
         self.stations = stations
-        if region is not None and (isinstance(region, str) or len(region) != 4):
-            raise ConfigError(f"{where}: region must be (lat_min, lat_max, lon_min, lon_max); got {region!r}.")
-        self.region = None if region is None else tuple(float(v) for v in region)
-        self.station_variable, self.grid_variables = station_variable, list(grid_variables)
-        self.targets, self.eval_draws, self.eval_stride = targets, eval_draws, eval_stride
-        self.time_features, self.climatology = bool(time_features), bool(climatology)
-        self.context_fraction = check_fraction_range(where, "context_fraction", context_fraction)
-        self.time_offset_hours = time_offset_hours
-        self.cache_chunks, self.unique_grid_points = cache_chunks, unique_grid_points
-        if predict_context_fraction is not None and not 0.0 <= predict_context_fraction <= 1.0:
-            raise ConfigError(f"{where}: predict_context_fraction must be in [0, 1]; got {predict_context_fraction}.")
-        if predict_resolution is not None and predict_resolution <= 0:
-            raise ConfigError(
-                f"{where}: predict_resolution must be a positive spacing in degrees; got {predict_resolution}."
-            )
-        self.predict_split, self.predict_resolution = predict_split, predict_resolution
-        optional = [("random_points", random_points, 2), ("num_targets", num_targets, 1)]
-        check_counts(where, [(name, value, low) for name, value, low in optional if value is not None])
-        self.random_points, self.num_targets = random_points, num_targets
-        self.predict_context_fraction = (
-            sum(self.context_fraction) / 2 if predict_context_fraction is None else float(predict_context_fraction)
-        )
+        self.station_variable, self.grid_variables = options.station_variable, list(options.grid_variables)
+        self.targets, self.eval_draws, self.eval_stride = options.targets, options.eval_draws, options.eval_stride
+        self.time_features, self.climatology = bool(options.time_features), bool(options.climatology)
+        self.context_fraction, self.time_offset_hours = options.context_fraction, options.time_offset_hours
+        self.unique_grid_points = options.unique_grid_points
+        self.random_points, self.num_targets = options.random_points, options.num_targets
+        self.predict_split, self.predict_resolution = self.predict.split, self.predict.resolution
+        share = self.predict.context_fraction
+        self.predict_context_fraction = sum(self.context_fraction) / 2 if share is None else float(share)
         self.task: StationReanalysisTask | None = None
         self.splits: dict[str, Split] = {}
         self._climatology_record: dict[str, Any] | None = None
@@ -254,8 +146,6 @@ class StationReanalysisDataModule(StoreDataModule):
         if not self.grid_variables:
             return {"stations": 1}
         return {"grid": len(self.grid_variables) + 2 * self.time_features, "stations": 1}
-
-    target_dim_y = 1
 
     def setup(self, stage: str | None = None) -> None:
         """Open the store for metadata, check variables, dates and stations, and build the task sampler."""
@@ -390,6 +280,15 @@ class StationReanalysisDataModule(StoreDataModule):
         share = self.predict_context_fraction
         dataset = HourSet(self.task, split, self.batch_size, self.seed, "predict", 1, share, target_x)
         return DataLoader(dataset, shuffle=False, **self.loader_kwargs())
+
+    def source_variables(self) -> dict[str, list[str]]:
+        """``grid_variables`` on ``"grid"`` (when any), ``station_variable`` at ``"stations"``."""
+        grid = {"grid": list(self.grid_variables)} if self.grid_variables else {}
+        return {**grid, "stations": [self.station_variable]}
+
+    def target_variables(self) -> list[str]:
+        """The station variable."""
+        return [self.station_variable]
 
     def describe(self) -> str:
         """One line on what the tasks hold (after ``setup``), printed at the start of ``gridtnp fit``."""
