@@ -68,6 +68,41 @@ def test_no_history_words(page):
     assert not lines, f"{relative(page)} narrates how the work was done (history belongs in CHANGELOG.md): {lines}"
 
 
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a Markdown text's headings: lower case, punctuation dropped, spaces as hyphens."""
+    slugs: set[str] = set()
+    for heading in HEADING.findall(FENCE.sub("", text)):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n, unique = 0, slug
+        while unique in slugs:
+            n += 1
+            unique = f"{slug}-{n}"
+        slugs.add(unique)
+    return slugs
+
+
+@pytest.mark.parametrize("page", PAGES, ids=relative)
+def test_anchors_point_to_headings(page):
+    """A link to `page.md#anchor` (or `#anchor` on the same page) names a heading of that page."""
+    text = prose(page.read_text())
+    broken = []
+    for target in [*LINK.findall(text), *REFERENCE.findall(text)]:
+        if EXTERNAL.match(target) or "#" not in target:
+            continue
+        path, anchor = target.split("#", 1)
+        file = page if not path else page.parent / path
+        if file.suffix == ".md" and file.is_file() and anchor not in anchors(file.read_text()):
+            broken.append(target)
+    assert not broken, f"{relative(page)} links to anchors that no heading has: {broken}"
+
+
+def test_anchor_slugs():
+    assert anchors("# A: `b_c` and d's (e)\n## On a GPU\n## On a GPU\n") == {"a-b_c-and-ds-e", "on-a-gpu", "on-a-gpu-1"}
+
+
 def test_link_parser():
     text = (
         "[a](docs/cli.md) [b](docs/data.md#3-bad-input) [c](#layout) [d](https://example.org/x.md) "
@@ -82,3 +117,28 @@ def test_the_layout_names_every_module() -> None:
     modules = sorted(p for p in (ROOT / "gridtnp").rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     missing = [str(p.relative_to(ROOT)) for p in modules if p.name not in layout]
     assert not missing, f"docs/architecture.md's Layout does not list: {missing}"
+
+
+RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+MAX_RECIPE_HEADER_LINES = 12
+DETAILS = re.compile(r"docs/recipes\.md#([\w-]+)")
+
+
+def header(recipe: Path) -> list[str]:
+    """The leading comment block of a recipe."""
+    lines = recipe.read_text().splitlines()
+    n = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    return lines[:n]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=relative)
+def test_recipe_headers_are_short(recipe):
+    """A recipe opens with at most 12 comment lines; the detail lives in docs/recipes.md, linked by anchor."""
+    lines = header(recipe)
+    assert len(lines) <= MAX_RECIPE_HEADER_LINES, (
+        f"{relative(recipe)} opens with {len(lines)} comment lines; keep it to {MAX_RECIPE_HEADER_LINES} and move the"
+        " detail into a section of docs/recipes.md, linked by '# Details: docs/recipes.md#<anchor>'"
+    )
+    known = anchors((ROOT / "docs" / "recipes.md").read_text())
+    missing = [a for a in DETAILS.findall("\n".join(lines)) if a not in known]
+    assert not missing, f"{relative(recipe)} links to sections docs/recipes.md lacks: {missing}"
