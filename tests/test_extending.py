@@ -132,7 +132,7 @@ def test_guide_has_a_section_for_every_kind():
 def test_every_code_block_is_a_tested_example():
     untested = [b.line for b in BLOCKS if b.language in ("python", "yaml") and "example" not in b.attributes]
     assert not untested, f"code blocks of docs/extending.md without example=NAME (not run by a test), lines {untested}"
-    tested_here = set(COMPONENT_EXAMPLES) | {"task", "datamodule", "recipe"}
+    tested_here = set(COMPONENT_EXAMPLES) | {"task", "datamodule", "recipe", "plugin"}
     assert set(EXAMPLES) == tested_here, f"examples without a test here: {sorted(set(EXAMPLES) - tested_here)}"
     long = [f"line {b.line + i}" for b in BLOCKS for i, line in enumerate(b.code.splitlines()) if len(line) > MAX_LINE]
     assert not long, f"example lines over {MAX_LINE} characters in docs/extending.md: {long}"
@@ -276,6 +276,70 @@ def test_recipe_example_trains_with_the_cli(registry, monkeypatch, tmp_path):
     main(["predict", *args, "--ckpt_path", str(tmp_path / "run" / "last.ckpt"), "--predictions.path", str(out)])
     with xr.open_dataset(out) as ds:
         assert ds["t2m_mean"].dims == ("time", "station") and ds["t2m_mean"].attrs["units"] == "K"
+
+
+# --- a plugin package ---------------------------------------------------------------------------------------------
+
+
+def install_plugin(root: Path) -> None:
+    """Install the guide's plugin example into ``root`` as pip would (its files and a ``dist-info`` holding the
+    entry points of its pyproject.toml), without network or a build."""
+    import tomllib
+
+    files = {b.attributes["file"]: b.code for b in EXAMPLES["plugin"]}
+    project = tomllib.loads(files.pop("pyproject.toml"))["project"]
+    for name, code in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(code)
+    info = root / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    lines = []
+    for group, entries in project["entry-points"].items():
+        lines += [f"[{group}]", *(f"{k} = {v}" for k, v in entries.items())]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_plugin_example_is_found_by_gridtnp_list(registry, monkeypatch, tmp_path, capsys):
+    """A package with a ``gridtnp.components`` entry point: its processor is listed and builds into a model."""
+    import importlib
+
+    from gridtnp import registry as registry_module
+    from gridtnp.cli import main
+
+    install_plugin(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(registry_module, "_loaded", False)  # as in a fresh process: entry points not yet loaded
+    monkeypatch.delitem(sys.modules, "gridtnp_example_plugin", raising=False)
+    main(["list", "processor"])
+    assert re.search(r"^  example_plugin_scale +Scales every pseudo-token", capsys.readouterr().out, re.MULTILINE)
+    model = gridtnp_model({"name": "example_plugin_scale"})
+    assert type(model.processor).__module__ == "gridtnp_example_plugin"
+    sys.modules.pop("gridtnp_example_plugin", None)
+
+
+def test_a_broken_plugin_is_skipped_with_a_warning(registry, monkeypatch, tmp_path):
+    import importlib
+
+    from gridtnp import registry as registry_module
+
+    install_plugin(tmp_path)
+    (tmp_path / "gridtnp_example_plugin" / "__init__.py").write_text("raise ImportError('missing dependency')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(registry_module, "_loaded", False)
+    monkeypatch.delitem(sys.modules, "gridtnp_example_plugin", raising=False)
+    with pytest.warns(UserWarning, match=r"plugin 'example_plugin' \(gridtnp_example_plugin.*missing dependency"):
+        names = available("processor")
+    assert "example_plugin_scale" not in names and "transformer" in names
+
+
+def gridtnp_model(processor: dict[str, Any]) -> NeuralProcess:
+    """A small TNP with ``processor`` in its processor slot."""
+    from gridtnp.models import build_model
+
+    return build_model({"preset": "tnp", "dim_x": 1, "dim_y": 1, "dim": 8, "processor": processor})
 
 
 # --- the fake station data -----------------------------------------------------------------------------------------
