@@ -25,6 +25,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from gridtnp.data.sections import moved_argument
 from gridtnp.registry import ConfigError, accepted_arguments
 from gridtnp.training.checkpointing import CheckpointError
 
@@ -94,6 +95,9 @@ def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
         path, name = option.groups()
         name = name.split(".")[0]  # "procesor.name": the argument is "procesor"
         module, _, attr = path.rpartition(".")
+        moved = moved_argument(getattr(importlib.import_module(module), attr), name)
+        if moved:
+            return f"data.init_args.{name} moved to data.init_args.{moved} (a section of the recipe's data: keys)."
         accepted = sorted(accepted_arguments(getattr(importlib.import_module(module), attr))[0])
         close = difflib.get_close_matches(name, accepted, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
