@@ -64,11 +64,11 @@ def global_store(
     if not (reuse and store.exists()):  # prepare moves a finished store into place: there means complete
         timing = timed_prepare(files, store, train_end)
     data = {
-        "data.init_args.store": str(store),
-        "data.init_args.train_dates": ["2019-01-01", train_end],
-        "data.init_args.val_dates": [f"{last}T00", f"{last}T11"],
-        "data.init_args.test_dates": [f"{last}T12", f"{last}T23"],
-        "data.init_args.climatology": False,
+        "data.init_args.store.path": str(store),
+        "data.init_args.splits.train": ["2019-01-01", train_end],
+        "data.init_args.splits.val": [f"{last}T00", f"{last}T11"],
+        "data.init_args.splits.test": [f"{last}T12", f"{last}T23"],
+        "data.init_args.task.climatology": False,
     }
     return store, data, timing
 

@@ -142,7 +142,7 @@ def test_gridtnp_plot_writes_pngs(tmp_path: Path, capsys: pytest.CaptureFixture)
     torch.save({"state_dict": module.state_dict(), "global_step": 0}, ckpt)  # as a training checkpoint
     out = tmp_path / "plots"
     args = ["plot", "--config", str(recipe), "--ckpt_path", str(ckpt), "--out", str(out), "--num_tasks", "3"]
-    main([*args, "--data.init_args.test_batches", "2", "--data.init_args.batch_size", "2"])
+    main([*args, "--data.init_args.loader.test_batches", "2", "--data.init_args.loader.batch_size", "2"])
     names = sorted(p.name for p in out.iterdir())
     assert names == [
         "test_reliability.png", "test_standardised_errors.png", "test_task000.png", "test_task001.png",

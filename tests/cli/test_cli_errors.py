@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CNP = str(ROOT / "recipes" / "gp1d_cnp.yaml")
 TNP = str(ROOT / "recipes" / "gp1d_tnp.yaml")
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
-SMALL_DATA = ["--data.init_args.test_batches", "1", "--data.init_args.batch_size", "2"]
+SMALL_DATA = ["--data.init_args.loader.test_batches", "1", "--data.init_args.loader.batch_size", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +338,7 @@ CASES: list[Case] = [
     ),
     (
         "an empty batch",
-        lambda ck, t: fit_args(t, "--data.init_args.batch_size", "0"),
+        lambda ck, t: fit_args(t, "--data.init_args.loader.batch_size", "0"),
         "batch_size",
         lambda ck, t: t / "run",
     ),
@@ -886,8 +886,8 @@ def test_machine_limits_and_read_only_paths_are_one_line():
     assert line == "cannot write out.zarr: Read-only file system. Choose a writable path."
     assert environment_error_line(KeyError("a bug")) is None  # anything else keeps its traceback
     config = Namespace(data=Namespace(init_args=Namespace(storage_options={"token": "s3cr3t"}, store="gs://b")))
-    assert redact(config).data.init_args.storage_options == {"token": REDACTED}
-    assert config.data.init_args.storage_options == {"token": "s3cr3t"}
+    assert redact(config).data.init_args.store.storage_options == {"token": REDACTED}
+    assert config.data.init_args.store.storage_options == {"token": "s3cr3t"}
 
 
 class RemoteSynthetic(__import__("gridtnp.data", fromlist=["SyntheticDataModule"]).SyntheticDataModule):

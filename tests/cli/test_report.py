@@ -20,7 +20,7 @@ from gridtnp.coastlines import coastline_segments, draw_coastlines
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "era5_swin.yaml")
 #: Four hours of one test day (one batch) keep the evaluation short.
-ONE_DAY = ["--data.init_args.test_dates", '["2019-03-27", "2019-03-27"]', "--data.init_args.eval_stride", "6"]
+ONE_DAY = ["--data.init_args.splits.test", '["2019-03-27", "2019-03-27"]', "--data.init_args.task.eval_stride", "6"]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
             "--checkpoint.dirpath", str(root / "ckpt"), "--trainer.enable_progress_bar", "false",
             "--plots.every_n_validations", "0", "--trainer.logger", "false", "--trainer.num_sanity_val_steps", "0",
-            "--data.init_args.val_dates", '["2019-03-22", "2019-03-22"]', "--data.init_args.eval_stride", "6",
+            "--data.init_args.splits.val", '["2019-03-22", "2019-03-22"]', "--data.init_args.task.eval_stride", "6",
         ]
     )  # fmt: skip
     yield root / "ckpt" / "last.ckpt"

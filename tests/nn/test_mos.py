@@ -144,11 +144,11 @@ def test_mos_kriging_adds_the_posterior_to_mos():
 def test_recipe_fits_and_tests_with_context_and_heldout_metrics(recipe, tmp_path, capsys):
     config = ["--config", str(ROOT / "recipes" / recipe), "--trainer.logger", "false"]
     days = [
-        "--data.init_args.val_dates", '["2019-03-22", "2019-03-22"]',
-        "--data.init_args.test_dates", '["2019-03-27", "2019-03-27"]', "--data.init_args.eval_stride", "12",
+        "--data.init_args.splits.val", '["2019-03-22", "2019-03-22"]',
+        "--data.init_args.splits.test", '["2019-03-27", "2019-03-27"]', "--data.init_args.task.eval_stride", "12",
     ]  # fmt: skip
     quiet = ["--trainer.enable_progress_bar", "false"]
-    small = ["--data.init_args.train_batches", "3", "--data.init_args.batch_size", "4"]
+    small = ["--data.init_args.loader.train_batches", "3", "--data.init_args.loader.batch_size", "4"]
     steps = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3"]
     main(["fit", *config, *quiet, *small, *steps, *days, "--trainer.default_root_dir", str(tmp_path)])
     checkpoint = next(tmp_path.rglob("last.ckpt"))

@@ -180,7 +180,7 @@ def test_a_separate_test_process_finds_the_best_checkpoint(tmp_path, capsys):
     recipe = str(Path(__file__).resolve().parents[2] / "recipes" / "gp1d_cnp.yaml")
     ckpt_dir = tmp_path / "ckpt"
     common = ["--config", recipe, "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
-    common += ["--checkpoint.dirpath", str(ckpt_dir), "--data.init_args.batch_size", "4"]
+    common += ["--checkpoint.dirpath", str(ckpt_dir), "--data.init_args.loader.batch_size", "4"]
     common += ["--model.init_args.variance_calibration", "true"]  # fitted at each validation, kept by the best
     main(["fit", *common, "--trainer.max_steps", "6", "--trainer.val_check_interval", "2",
           "--trainer.limit_val_batches", "2", "--plots.every_n_validations", "0"])  # fmt: skip

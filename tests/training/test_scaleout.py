@@ -48,9 +48,9 @@ def fit_command(
         "--trainer.enable_model_summary", "false",
         "--trainer.num_sanity_val_steps", "0",
         "--trainer.max_steps", "12",
-        "--data.init_args.batch_size", "8",
-        "--data.init_args.train_batches", "5",
-        "--data.init_args.val_batches", "3",
+        "--data.init_args.loader.batch_size", "8",
+        "--data.init_args.loader.train_batches", "5",
+        "--data.init_args.loader.val_batches", "3",
         "--trainer.callbacks", json.dumps([callback]),
         *extra,
     ]  # fmt: skip
@@ -152,7 +152,7 @@ def test_ddp_on_cpu_shards_tasks_and_reduces_metrics_over_the_union(tmp_path):
     run_dir, records = tmp_path / "run", tmp_path / "rec"
     command = fit_command(run_dir, records)
     command += ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    command += ["--trainer.max_steps", "3", "--data.init_args.train_batches", "3", "--trainer.logger", "true"]
+    command += ["--trainer.max_steps", "3", "--data.init_args.loader.train_batches", "3", "--trainer.logger", "true"]
     done = run(command, tmp_path, cli_env())
     assert done.stdout.count("trainable parameters") == 1  # printed by rank 0 only
     assert done.stdout.count("effective batch size 16 tasks per step = 8 per rank x 2 ranks x 1 accumulated") == 1

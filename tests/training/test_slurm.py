@@ -130,8 +130,8 @@ def fit_args(run_dir: Path, records: Path, pause_at_step: int | None = None) -> 
         callback["init_args"].update(pause_at_step=pause_at_step, pause_seconds=8.0)
     return [
         "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.devices", "1",
-        "--model.init_args.dim", "32", "--trainer.max_steps", "12", "--data.init_args.batch_size", "8",
-        "--data.init_args.train_batches", "5", "--data.init_args.val_batches", "3",
+        "--model.init_args.dim", "32", "--trainer.max_steps", "12", "--data.init_args.loader.batch_size", "8",
+        "--data.init_args.loader.train_batches", "5", "--data.init_args.loader.val_batches", "3",
         "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
         "--trainer.callbacks", json.dumps([callback]),
     ]  # fmt: skip

@@ -69,12 +69,12 @@ def test_cli_fit_then_test_from_recipe(tmp_path):
         str(tmp_path),
         "--trainer.enable_progress_bar",
         "false",
-        "--data.init_args.val_batches",
+        "--data.init_args.loader.val_batches",
         "2",
-        "--data.init_args.test_batches",
+        "--data.init_args.loader.test_batches",
         "2",
     ]
-    fit = run_cli("fit", *common, "--trainer.max_steps", "8", "--data.init_args.train_batches", "4", cwd=tmp_path)
+    fit = run_cli("fit", *common, "--trainer.max_steps", "8", "--data.init_args.loader.train_batches", "4", cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert "trainable parameters" in fit.stdout
     last = next(tmp_path.rglob("last.ckpt"))
