@@ -74,3 +74,33 @@ def test_a_rejected_value_becomes_a_config_error_the_cli_can_report():
     grid = Grid(lower=[0.0, 0.0], upper=[1.0, 1.0], shape=[4, 4])
     with pytest.raises(ConfigError, match=r"'knn'.*k .*must be >= 1"):
         build("grid_decoder", "knn", grid=grid, k=0)
+
+
+def test_the_model_passes_each_component_what_shared_names(monkeypatch):
+    """``SHARED[kind]`` is the one statement of what the model passes: a key added there reaches the component."""
+    from gridtnp.models import build_model
+    from gridtnp.registry import SHARED
+
+    received: list[dict] = []
+
+    @register("processor", "_test_recorder")
+    class Recorder(nn.Module):
+        """Records the keyword arguments it is built with; the latent is its one state."""
+
+        def __init__(self, **kwargs) -> None:
+            super().__init__()
+            received.append(kwargs)
+
+        def forward(self, latent):
+            return [latent]
+
+    spec = {"preset": "tnp", "dim_x": 2, "dim_y": 1, "dim": 8, "processor": {"name": "_test_recorder"}}
+    try:
+        build_model(spec)
+        assert set(received[-1]) == set(SHARED["processor"]) == {"dim", "dim_x", "grid"}
+        assert received[-1]["dim"] == 8 and received[-1]["dim_x"] == 2
+        monkeypatch.setitem(SHARED, "processor", {**SHARED["processor"], "sources": "names of the context sources"})
+        build_model(spec)
+        assert received[-1]["sources"] == ["points"]
+    finally:
+        unregister("processor", "_test_recorder")

@@ -29,7 +29,7 @@ from gridtnp.nn.grids import Grid, as_grid
 from gridtnp.nn.kriging import Conditioned, ResidualKriging
 from gridtnp.nn.residuals import Residual, shift_mean
 from gridtnp.nn.tokens import Tokens
-from gridtnp.registry import ConfigError, accepted_arguments, get, spec_arguments, with_defaults
+from gridtnp.registry import SHARED, ConfigError, accepted_arguments, get, spec_arguments, with_defaults
 from gridtnp.registry import build as build_component
 
 SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
@@ -335,9 +335,22 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         "grid": None if grid is None else grid.to_dict(),
     }
 
-    def build(kind: str, slot_spec: dict[str, Any] | str, **shared: Any) -> tuple[Any, dict[str, Any]]:
-        """A component and its expanded spec (grids written as recipe mappings)."""
-        name, kwargs = spec_arguments(kind, slot_spec, **shared)
+    # The settings the model shares with its components, by their ``SHARED`` name; each component is passed those of
+    # ``SHARED[kind]`` (the ones its constructor accepts), so that table is the one statement of what it receives.
+    settings: dict[str, Any] = {
+        "dim": dim,
+        "dim_x": dim_x,
+        "dim_y": target_dim_y,
+        "grid": grid,
+        "sources": list(sources),
+        "source_dims": sources,
+    }
+
+    def build(kind: str, slot_spec: dict[str, Any] | str, **own: Any) -> tuple[Any, dict[str, Any]]:
+        """A component and its expanded spec (grids written as recipe mappings), given ``SHARED[kind]``'s settings
+        (``own`` replaces some for this component)."""
+        values = {**settings, **own}
+        name, kwargs = spec_arguments(kind, slot_spec, **{key: values[key] for key in SHARED[kind]})
         if isinstance(kwargs.get("grid"), dict):  # a grid written out in a component's own spec
             kwargs["grid"] = as_grid(kwargs["grid"])
         full = with_defaults(kind, name, kwargs)
@@ -347,8 +360,8 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
     per_source = isinstance(encoder_spec, dict) and "name" not in encoder_spec and set(encoder_spec) <= set(sources)
     encoders, encoder_specs = nn.ModuleDict(), {}
     for source, dy in sources.items():
-        own = encoder_spec[source] if per_source else encoder_spec
-        encoders[source], encoder_specs[source] = build("encoder", own, dim=dim, dim_x=dim_x, dim_y=dy, grid=grid)
+        source_spec = encoder_spec[source] if per_source else encoder_spec
+        encoders[source], encoder_specs[source] = build("encoder", source_spec, dim_y=dy)  # the Dy it embeds
     if per_source:
         expanded["encoder"] = encoder_specs
     else:  # one spec for every source: the sources' specs differ only in the dim_y the model passes to each
@@ -362,29 +375,20 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
     widths = {getattr(e, "out_dim", dim) for e in encoders.values()}
     if len(widths) != 1:
         raise ConfigError(f"all sources' encoders must produce tokens of one width; got {sorted(widths)}.")
-    shared = {"dim": dim, "dim_x": dim_x, "grid": grid}
-    in_dim = widths.pop()
-    grid_encoder, expanded["grid_encoder"] = build(
-        "grid_encoder", spec["grid_encoder"], in_dim=in_dim, sources=list(sources), **shared
-    )
+    settings["in_dim"] = widths.pop()
+    grid_encoder, expanded["grid_encoder"] = build("grid_encoder", spec["grid_encoder"])
     # A grid encoder may encode onto a coarser grid than the model's (``coarsen``): what follows works on that one.
-    shared["grid"] = getattr(grid_encoder, "grid", None) or grid
-    processor, expanded["processor"] = build("processor", spec["processor"], **shared)
-    layers = getattr(processor, "num_states", 1)
-    grid_decoder, expanded["grid_decoder"] = build(
-        "grid_decoder", spec["grid_decoder"], layers=layers, in_dim=in_dim, sources=list(sources), **shared
-    )
-    likelihood, expanded["likelihood"] = build("likelihood", spec["likelihood"], dim=dim, dim_y=target_dim_y)
+    settings["grid"] = getattr(grid_encoder, "grid", None) or grid
+    processor, expanded["processor"] = build("processor", spec["processor"])
+    settings["layers"] = getattr(processor, "num_states", 1)
+    grid_decoder, expanded["grid_decoder"] = build("grid_decoder", spec["grid_decoder"])
+    likelihood, expanded["likelihood"] = build("likelihood", spec["likelihood"])
     residual = None
     if spec.get("residual") is not None:  # optional: the mean as a context interpolation plus the network's residual
-        residual, expanded["residual"] = build(
-            "residual", spec["residual"], dim=dim, dim_x=dim_x, dim_y=target_dim_y, source_dims=sources
-        )
+        residual, expanded["residual"] = build("residual", spec["residual"])
     kriging = None
     if spec.get("kriging") is not None:  # optional: the predictive conditioned on one source's departures
-        kriging, expanded["kriging"] = build(
-            "kriging", spec["kriging"], dim_x=dim_x, dim_y=target_dim_y, source_dims=sources
-        )
+        kriging, expanded["kriging"] = build("kriging", spec["kriging"])
     model = NeuralProcess(
         encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual, kriging
     )
