@@ -231,15 +231,30 @@ def git_commit() -> str:
     return head.stdout.strip() + ("+dirty" if diff.returncode else "")
 
 
+def cpu_info() -> dict[str, str]:
+    """The CPU's model name, vendor (``GenuineIntel``, ``AuthenticAMD``, ...) and widest vector extension."""
+    info = {"model": platform.processor() or platform.machine(), "vendor": "unknown", "isa": "unknown"}
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        for key, field in (("model", "model name"), ("vendor", "vendor_id")):
+            match = re.search(rf"^{field}\s*:\s*(.+)$", text, re.MULTILINE)
+            if match:
+                info[key] = match.group(1).strip()
+        line = re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE)
+        flags = set(line.group(1).split()) if line else set()
+        info["isa"] = next((name for flag, name in _ISA if flag in flags), "unknown")
+    return info
+
+
+_ISA = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
+
+
 def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU model with the number of torch threads."""
+    """The GPU's name, or the CPU model with its vendor, vector extension and the number of torch threads."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
-        cpu = match.group(1).strip() if match else cpu
-    return f"CPU: {cpu}, {torch.get_num_threads()} torch threads"
+    cpu = cpu_info()
+    return f"CPU: {cpu['model']} ({cpu['vendor']}, {cpu['isa']}), {torch.get_num_threads()} torch threads"
 
 
 def relative(path: str | Path) -> str:

@@ -164,7 +164,6 @@ MODELS: dict[str, dict[str, Any]] = {
         "ref_files": CONVCNP,
         "ref_set": {"params.num_channels": 108},
         "note": "reference U-Net narrowed to 108 channels so its parameter count matches gridtnp's (~2.1 M)",
-        "extra": True,
     },
     "convcnp_nn": {
         "label": "ConvCNP 32x32 U-Net (gridtnp nearest_only)",
@@ -284,34 +283,68 @@ def make_inputs(b: int, nc: int, nt: int, seed: int) -> tuple[Any, Any, Any, Any
     return xc, yc, xt, yt
 
 
+def calibration_ms(device: Any, repeats: int = 7) -> float:
+    """Median time (ms) of a fixed workload with normal values, timed in the same process as a model: an MLP block
+    forward and backward on ``[2048, 256]`` float32. ``--check`` without the reference divides by it."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 256, generator=g).to(device)
+    w1 = (torch.randn(256, 1024, generator=g) / 16).to(device).requires_grad_()
+    w2 = (torch.randn(1024, 256, generator=g) / 32).to(device).requires_grad_()
+
+    def step() -> None:
+        w1.grad = w2.grad = None
+        (torch.nn.functional.gelu(x @ w1) @ w2).square().mean().backward()
+
+    return 1e3 * statistics.median(_timed(step, device) for _ in range(repeats + 1))
+
+
+def _timed(step: Any, device: Any) -> float:
+    """Seconds of one ``step()``, synchronised on CUDA."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t
+
+
 def child(args: argparse.Namespace) -> None:
     """Build one side's model, time it, print one ``RESULT {json}`` line."""
     import torch
 
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     t0 = time.perf_counter()
     torch.manual_seed(0)
     if args.side == "gridtnp":
         model, call = build_gridtnp(args.model)
     else:
         model, call = build_reference(args.model, args.reference)
+    model = model.to(device)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    xc, yc, xt, yt = make_inputs(args.batch, args.nc, args.nt, args.seed)
+    xc, yc, xt, yt = (t.to(device) for t in make_inputs(args.batch, args.nc, args.nt, args.seed))
     build_s = time.perf_counter() - t0
+    bf16 = args.precision == "bf16"
 
     if args.kind == "fwd":
         model.eval()
 
         def step() -> float:
-            with torch.no_grad():
-                return float(call(xc, yc, xt).mean.sum())
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                return float(call(xc, yc, xt).mean.float().sum())
 
     else:
         model.train()
 
         def step() -> float:
             model.zero_grad(set_to_none=True)
-            loss = -call(xc, yc, xt).log_prob(yt).mean()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = -call(xc, yc, xt).log_prob(yt).float().mean()
             loss.backward()
             return float(loss)
 
@@ -319,21 +352,22 @@ def child(args: argparse.Namespace) -> None:
     exact = _reset_peak()
     base_rss = _status_kib("VmRSS")
     base_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base_cuda = torch.cuda.memory_allocated(device)
     first = []
     for _ in range(args.warmup):
-        t = time.perf_counter()
-        value = step()
-        first.append(time.perf_counter() - t)
+        first.append(_timed(step, device))
     repeats = args.repeats
     if args.max_seconds and first and min(first) * repeats > args.max_seconds:
         repeats = max(3, int(args.max_seconds / min(first)))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        value = step()
-        times.append(time.perf_counter() - t)
+    times = [_timed(step, device) for _ in range(repeats)]
+    value = step()
     hwm = _status_kib("VmHWM")
     peak_kib = hwm - base_rss if exact and base_rss is not None and hwm is not None else None
+    if device.type == "cuda":
+        peak_kib, exact = (torch.cuda.max_memory_allocated(device) - base_cuda) / 1024, True
     out = {
         "side": args.side,
         "model": args.model,
@@ -350,9 +384,14 @@ def child(args: argparse.Namespace) -> None:
         "warmup_ms": [round(1e3 * t, 2) for t in first],
         "peak_mb": None if peak_kib is None else peak_kib / 1024,
         "maxrss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_maxrss) / 1024,
-        "peak_method": "VmHWM-VmRSS (clear_refs)" if exact else "ru_maxrss growth",
+        "peak_method": "CUDA max_memory_allocated growth"
+        if device.type == "cuda"
+        else ("VmHWM-VmRSS (clear_refs)" if exact else "ru_maxrss growth"),
         "build_s": build_s,
         "value": value,
+        "device": args.device,
+        "precision": args.precision,
+        "calib_ms": calibration_ms(device),
     }
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -365,7 +404,7 @@ def run_child(args: argparse.Namespace, side: str, model: str, kind: str, nc: in
         python, str(Path(__file__).resolve()), "child", "--side", side, "--model", model, "--kind", kind,
         "--nc", str(nc), "--nt", str(args.nt), "--batch", str(args.batch), "--threads", str(args.threads),
         "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--seed", str(args.seed),
-        "--max-seconds", str(args.max_seconds),
+        "--max-seconds", str(args.max_seconds), "--device", args.device, "--precision", args.precision,
     ]  # fmt: skip
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(args.threads))
     env.pop("PYTHONPATH", None)
@@ -450,8 +489,14 @@ def markdown(meta: dict[str, Any], results: list[dict]) -> str:
     for key in ("commit", "reference", "command", "hardware", "torch", "note"):
         if meta.get(key):
             lines.append(f"- {key}: {meta[key]}")
+    cpu = meta.get("cpu")
+    if cpu:
+        lines.append(f"- CPU: {cpu['model']} ({cpu['vendor']}, {cpu['isa']}); {meta.get('load', '')}")
+    device = meta.get("device", "cpu")
+    precision = {"bf16": "bf16 autocast", "fp32": "float32"}[meta.get("precision", "fp32")]
+    on = f"{meta['threads']} threads" if device == "cpu" else f"on {meta.get('hardware', device)}"
     lines += [
-        f"- workload: N_c = {nc:,}, N_t = {nt:,}, batch {batch}, float32, {meta['threads']} threads; time = median "
+        f"- workload: N_c = {nc:,}, N_t = {nt:,}, batch {batch}, {precision}, {on}; time = median "
         f"over {meta['passes']} passes (a fresh process each, sides alternating first) of the median of "
         f"{meta['repeats']} calls after {meta['warmup']} warm-up; peak = growth of the peak resident set size",
         "",
@@ -524,6 +569,97 @@ def reference_commit(reference: Path) -> str:
     return head.stdout.strip() if head.returncode == 0 else "not recorded (not a git checkout)"
 
 
+def baseline_for(args: argparse.Namespace) -> Path:
+    """``--baseline``, else the last recorded run (by name) on this device kind, precision and CPU or GPU model."""
+    if args.baseline is not None:
+        return args.baseline
+    import torch
+    from harness import cpu_info, device_name
+
+    here = cpu_info()["model"] if args.device == "cpu" else device_name(torch.device(args.device))
+    found = []
+    for path in sorted((ROOT / "benchmarks" / "results").glob("perf_vs_ref_*.jsonl")):
+        meta, _ = read_results(path)
+        if (meta.get("device", "cpu"), meta.get("precision", "fp32")) != (args.device, args.precision):
+            continue
+        recorded = meta.get("cpu", {}).get("model", meta.get("hardware", "")) if args.device == "cpu" else ""
+        if here in (recorded if args.device == "cpu" else meta.get("hardware", "")):
+            found.append(path)
+    if not found:
+        raise SystemExit(
+            f"--check: no recorded run on {here} ({args.device}, {args.precision}) under benchmarks/results/. Record "
+            "one first (python benchmarks/perf_vs_ref.py --reference CHECKOUT --out benchmarks/results/"
+            "perf_vs_ref_<device>.jsonl) or name one with --baseline FILE."
+        )
+    return found[-1]
+
+
+def ratios(results: list[dict], models: list[str], nc: int, with_reference: bool) -> dict[str, float]:
+    """Per model, the forward+backward time of gridtnp over the reference's (``with_reference``) or over the fixed
+    calibration workload timed in the same child: medians over the passes."""
+    out = {}
+    agg = aggregate(results)
+    for m in models:
+        if with_reference:
+            g, r = agg.get(("gridtnp", m, "fwdbwd", nc), {}), agg.get(("ref", m, "fwdbwd", nc), {})
+            if "median_ms" in g and "median_ms" in r:
+                out[m] = g["median_ms"] / r["median_ms"]
+            continue
+        own = [
+            r["median_ms"] / r["calib_ms"]
+            for r in results
+            if (r["side"], r["model"], r["kind"], r["nc"]) == ("gridtnp", m, "fwdbwd", nc) and r.get("calib_ms")
+        ]
+        if own:
+            out[m] = statistics.median(own)
+    return out
+
+
+def check(args: argparse.Namespace) -> None:
+    """Rerun the recorded models' forward+backward and fail (exit 1) where a ratio grew past ``--band``."""
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
+    baseline = baseline_for(args)
+    meta, recorded_results = read_results(baseline)
+    with_reference = args.reference is not None
+    if with_reference and not (args.reference / "experiments" / "configs").is_dir():
+        raise SystemExit("--reference: give a checkout of smokeStacking/gridded-tnp (it has experiments/configs)")
+    for key in ("nc", "nt", "batch", "threads"):  # the recorded workload
+        setattr(args, key, meta[key])
+    models = [m for m in (args.models or meta["models"]) if m in MODELS]
+    recorded = ratios(recorded_results, models, meta["nc"], with_reference)
+    if not recorded:
+        what = "reference runs" if with_reference else "calibration times (calib_ms; record it again)"
+        raise SystemExit(f"--check: {relative_path(baseline)} has no {what} for {models}.")
+    models = [m for m in models if m in recorded]
+    sides = ("ref", "gridtnp") if with_reference else ("gridtnp",)
+    jobs = [(m, "fwdbwd", meta["nc"], sides) for m in models]
+    now = ratios(measure(args, jobs, lambda record: None), models, meta["nc"], with_reference)
+    against = "the reference" if with_reference else "the calibration workload"
+    print(f"forward+backward time over {against}; recorded: {relative_path(baseline)} ({meta.get('commit')})")
+    print(f"{'model':44s} {'recorded':>9s} {'now':>9s} {'change':>8s}")
+    failed = []
+    for m in models:
+        if m not in now:
+            failed.append(m)
+            print(f"{MODELS[m]['label']:44s} {recorded[m]:9.3f} {'failed':>9s}")
+            continue
+        change = now[m] / recorded[m] - 1
+        if change > args.band:
+            failed.append(m)
+        print(f"{MODELS[m]['label']:44s} {recorded[m]:9.3f} {now[m]:9.3f} {change:+8.0%}")
+    if failed:
+        raise SystemExit(f"slower than recorded by more than {args.band:.0%} (or failed): {', '.join(failed)}")
+    print(f"every ratio within {args.band:.0%} of the recorded run")
+
+
+def relative_path(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
 def parent(args: argparse.Namespace) -> None:
     """Measure every (model, kind, N_c, side) over the passes, write the JSON lines and the Markdown."""
     out = args.out
@@ -534,7 +670,7 @@ def parent(args: argparse.Namespace) -> None:
         return
     sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]  # this checkout's gridtnp, as the gridtnp children use
     import torch
-    from harness import command_line, device_name, git_commit
+    from harness import command_line, cpu_info, device_name, git_commit
 
     models = args.models or DEFAULT_MODELS
     unknown = [m for m in models if m not in MODELS]
@@ -552,7 +688,11 @@ def parent(args: argparse.Namespace) -> None:
         "commit": git_commit(),
         "reference": f"smokeStacking/gridded-tnp {reference_commit(args.reference)}",
         "command": command_line([sys.argv[0], *["CHECKOUT" if a == str(args.reference) else a for a in sys.argv[1:]]]),
-        "hardware": device_name(torch.device("cpu")),
+        "hardware": device_name(torch.device(args.device)),
+        "cpu": cpu_info(),
+        "load": f"1-min load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start",
+        "device": args.device,
+        "precision": args.precision,
         "torch": torch.__version__,
         "models": models,
         "scaling_model": args.scaling_model,
@@ -594,12 +734,24 @@ def main() -> None:
     p.add_argument("--child-timeout", type=float, default=900)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON lines; the Markdown gets the same stem")
     p.add_argument("--tables-only", action="store_true", help="re-render the Markdown from --out, measure nothing")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the models and inputs on it)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast on the device")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="rerun the recorded run's models (fwd+bwd) and exit 1 where a ratio grew by more than --band; without "
+        "--reference the ratio is to a fixed calibration workload timed in the same process",
+    )
+    p.add_argument("--baseline", type=Path, help="--check: the recorded JSON lines (default: this CPU's or GPU's)")
+    p.add_argument("--band", type=float, default=0.25, help="--check: allowed growth of a ratio (default 0.25)")
     p.add_argument("--side", choices=["gridtnp", "ref"], help="child: which side")
     p.add_argument("--model", default="swin_pt_32", choices=list(MODELS), help="child: which model")
     p.add_argument("--kind", choices=KINDS, default="fwd", help="child: which pass")
     args = p.parse_args()
     if args.command == "child":
         child(args)
+    elif args.check:
+        check(args)
     else:
         parent(args)
 
