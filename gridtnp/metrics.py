@@ -314,6 +314,22 @@ def evaluation_metrics() -> dict[str, Metric]:
     }
 
 
+def monitored_direction(module: torch.nn.Module, monitor: str) -> bool | None:
+    """Whether higher is better for the logged metric ``monitor`` (``"val/heldout/rmse"``), as the metric says.
+
+    The metric objects are ``module``'s torchmetrics submodules whose own name is the last part of ``monitor``
+    (``...["rmse"]`` for ``val/heldout/rmse``); their ``higher_is_better`` answers. None when no such metric declares
+    it, or when those found disagree.
+    """
+    name = monitor.rsplit("/", 1)[-1]
+    found = {
+        metric.higher_is_better
+        for qualified, metric in module.named_modules()
+        if isinstance(metric, Metric) and qualified.rsplit(".", 1)[-1] == name
+    } - {None}
+    return found.pop() if len(found) == 1 else None
+
+
 #: Metrics that need the predictive and targets (the rest are fed from ``Batch.extras``).
 PREDICTIVE_METRICS = ("loglik", "loglik_stderr", "rmse", "mae", "crps", "calibration_logdensity", "mean_z2")
 COVERAGE_METRICS = ("coverage_50", "coverage_90")
@@ -338,6 +354,7 @@ __all__ = [
     "WeightedMean",
     "evaluation_metrics",
     "gaussian_crps",
+    "monitored_direction",
     "point_weights",
     "task_log_likelihood",
 ]

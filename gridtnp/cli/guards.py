@@ -4,8 +4,8 @@
 * ``argument_error_line(err, argv)``: jsonargparse's multi-line errors as one line, with the closest valid name.
 * ``find_config_error(err)``: the ``ConfigError`` / ``CheckpointError`` in an exception's chain, if any.
 * ``is_plot_folder(path)``: whether ``gridtnp plot`` may replace ``path``.
-* ``check_trainer_options(config)``, ``infer_monitor_mode(checkpoint)``, ``count_limits(trainer, argv)``:
-  trainer / checkpoint values checked (or read as meant) before anything is built;
+* ``check_trainer_options(config)``, ``count_limits(trainer, argv)``: trainer / checkpoint values checked (or read
+  as meant) before anything is built (the checkpoint's mode follows its metric: ``training.checkpointing``);
   ``command_line_model_keys(argv)``: the ``--model.*`` given.
 * ``environment_error_line(err)``: memory, read-only paths and Lightning's option checks as one line.
 """
@@ -150,32 +150,6 @@ def find_config_error(err: BaseException | None) -> ConfigError | CheckpointErro
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
-
-
-#: Metrics where lower is better (the checkpoint monitor keeps the lowest); names starting "loglik" are higher-better.
-LOWER_IS_BETTER = ("rmse", "mae", "crps", "loss", "mean_z2")
-
-
-def infer_monitor_mode(checkpoint: Any) -> None:
-    """Set ``--checkpoint.mode`` from the monitored metric: ``min`` for rmse / mae / crps / loss, ``max`` for loglik.
-
-    gridtnp's default mode (``max``, for ``val/loglik``) would keep the worst model of a lower-is-better metric; a
-    ``min`` asked for a log-likelihood is refused.
-    """
-    monitor = checkpoint.get("monitor") if checkpoint else None
-    if not monitor:
-        return
-    name = str(monitor).rsplit("/", 1)[-1]
-    lower = name.startswith(LOWER_IS_BETTER) or "_rmse" in name or name.endswith("loss")
-    mode = checkpoint.get("mode")
-    if lower and mode != "min":
-        checkpoint["mode"] = "min"
-        print(f"gridtnp: --checkpoint.monitor {monitor}: keeping the lowest (mode min)", flush=True)
-    elif name.startswith("loglik") and mode == "min":
-        raise ConfigError(
-            f"--checkpoint.mode min with --checkpoint.monitor {monitor} would keep the worst model (a log-likelihood "
-            "is higher when better); use mode max."
-        )
 
 
 def check_trainer_options(config: Any) -> None:

@@ -26,7 +26,6 @@ from gridtnp.cli.guards import (
     check_trainer_options,
     command_line_model_keys,
     count_limits,
-    infer_monitor_mode,
 )
 from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, versioned_path
 from gridtnp.files import is_url
@@ -93,7 +92,6 @@ class GridTNPCLI(LightningCLI):
         parser.set_defaults(
             {
                 "checkpoint.monitor": "val/loglik",
-                "checkpoint.mode": "max",
                 "checkpoint.save_last": True,
                 "checkpoint.last_every_n_steps": 1000,
             }
@@ -159,7 +157,6 @@ class GridTNPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         check_trainer_options(config)
-        infer_monitor_mode(config.get("checkpoint"))
 
     def _run_subcommand(self, subcommand: str) -> None:
         try:

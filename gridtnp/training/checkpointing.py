@@ -23,7 +23,7 @@ import threading
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -35,6 +35,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gridtnp.files import atomic_write, is_url, remove_path
+from gridtnp.metrics import monitored_direction
 from gridtnp.redaction import redact
 from gridtnp.registry import ConfigError
 
@@ -297,26 +298,54 @@ class Checkpoint(ModelCheckpoint):
     Lightning installs), SIGUSR1 writes ``last.ckpt`` after the current step and training goes on. Under DDP the
     ranks agree on the step (a max-reduce of the flags after every step), so every rank saves the same one.
 
+    The mode follows the monitored metric: the model's torchmetrics object of that name says whether higher is
+    better (``gridtnp.metrics.monitored_direction``), so a new metric needs no list of names; a ``mode`` that would
+    keep the worst model is refused.
+
     Args:
         last_every_n_steps: also rewrite ``last.ckpt`` every this many optimiser steps (``None``: only at epoch
             ends, validations and the end of training).
+        mode: ``"min"`` or ``"max"``; ``None`` (default): from the monitored metric's ``higher_is_better``.
         **kwargs: ``ModelCheckpoint``'s arguments.
     """
 
-    def __init__(self, *, last_every_n_steps: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, last_every_n_steps: int | None = None, mode: Literal["min", "max"] | None = None, **kwargs: Any
+    ) -> None:
         check_filename(kwargs.get("filename"))
         if last_every_n_steps is not None and last_every_n_steps < 1:
             raise ConfigError(
                 f"--checkpoint.last_every_n_steps must be >= 1 (or null: only at epoch ends and validations); got "
                 f"{last_every_n_steps}."
             )
-        super().__init__(**kwargs)
+        super().__init__(mode=mode or "max", **kwargs)
+        self.mode_given = mode
         self.last_every_n_steps = last_every_n_steps
         self._last_written_step = -1
         self._pending_rng: dict[str, Any] | None = None
         self.stop_signal: int | None = None  # the signal that stopped training, once it has
         self._received: dict[int, bool] = {}  # signal -> received, set by the handlers
         self._previous_handlers: dict[int, Any] = {}
+
+    def follow_metric(self, pl_module: L.LightningModule) -> None:
+        """Set the mode from the monitored metric's ``higher_is_better``, or refuse a given mode against it."""
+        if self.monitor is None:
+            return
+        higher = monitored_direction(pl_module, self.monitor)
+        if self.mode_given is None:
+            if higher is None:
+                raise ConfigError(
+                    f"--checkpoint.monitor {self.monitor}: {type(pl_module).__name__} has no metric of that name that "
+                    "says whether higher is better (torchmetrics' higher_is_better); set --checkpoint.mode min or max."
+                )
+            self.mode = "max" if higher else "min"
+            self.kth_value = torch.tensor(-torch.inf if higher else torch.inf)
+        elif higher is not None and (self.mode_given == "max") != higher:
+            better = "higher" if higher else "lower"
+            raise ConfigError(
+                f"--checkpoint.mode {self.mode_given} with --checkpoint.monitor {self.monitor} would keep the worst "
+                f"model ({better} is better for it); use mode {'max' if higher else 'min'}, or leave mode out."
+            )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Install the signal handlers (after Lightning's, which would end the run with status 0 and no save)."""
@@ -353,6 +382,7 @@ class Checkpoint(ModelCheckpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        self.follow_metric(pl_module)
         if stage == "fit" and trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
             for leftover in Path(self.dirpath).glob(".*.tmp-*"):  # from a write killed before its rename
                 remove_path(leftover)

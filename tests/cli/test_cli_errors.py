@@ -749,14 +749,8 @@ def test_prepare_transposes_variables_to_the_layout(tmp_path):
         np.testing.assert_array_equal(ds["t2m"].values, raw["t2m"].transpose("time", ...).values)
 
 
-def test_monitor_mode_follows_the_metric_and_limits_stay_counts(capsys):
-    from gridtnp.cli.guards import infer_monitor_mode
-
-    for monitor, mode in (("val/rmse", "min"), ("val/crps_physical", "min"), ("val/mae", "min"), ("val/loglik", "max")):
-        checkpoint = {"monitor": monitor, "mode": "max"}
-        infer_monitor_mode(checkpoint)
-        assert checkpoint["mode"] == mode
-    assert "keeping the lowest (mode min)" in capsys.readouterr().out
+def test_limits_stay_counts():
+    """(The checkpoint's mode follows the metric: tests/training/test_monitor_mode.py.)"""
     from gridtnp.cli import GridTNPCLI
 
     cli = GridTNPCLI(run=False, args=["--config", CNP, "--trainer.limit_val_batches", "1", *QUIET])
