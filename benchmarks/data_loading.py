@@ -41,6 +41,7 @@ from harness import command_line, device_name, git_commit, repo_env, write_table
 from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
 from gridtnp.data.inputs import auto_time_chunk  # noqa: E402
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR  # noqa: E402
+from gridtnp.data.sections import from_flat_arguments  # noqa: E402
 
 
 def synthetic_store(directory: Path, resolution: float, days: int) -> Path:
@@ -291,10 +292,11 @@ def scale_main(args: argparse.Namespace) -> None:
         sources = {"local": str(store), f"HTTP +{1000 * args.latency:.0f} ms": server.url(store.name)}
         for where, path in sources.items():
             cases = {
-                "station task (era5_swin_global.yaml data)": lambda w, path=path: StationReanalysisDataModule(
-                    store=path, num_workers=w, climatology=False, **station, **common
+                "station task (era5_swin_global.yaml data)": lambda w, path=path: from_flat_arguments(
+                    StationReanalysisDataModule, store=path, num_workers=w, climatology=False, **station, **common
                 ),
-                "multi-source Europe, window 4 (t2m, skt)": lambda w, path=path: MultiSourceDataModule(
+                "multi-source Europe, window 4 (t2m, skt)": lambda w, path=path: from_flat_arguments(
+                    MultiSourceDataModule,
                     store=path,
                     variables=["t2m", "skt"],
                     region=(35.0, 70.0, -15.0, 40.0),
@@ -375,7 +377,9 @@ def gpu_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _station_rate(store: str, station: dict[str, Any], common: dict[str, Any], workers: int, batches: int) -> float:
     """Tasks per second of the station task's training loader on ``store`` (a fresh DataModule)."""
-    make = lambda w: StationReanalysisDataModule(store=store, num_workers=w, climatology=False, **station, **common)  # noqa: E731
+    make = lambda w: from_flat_arguments(  # noqa: E731
+        StationReanalysisDataModule, store=store, num_workers=w, climatology=False, **station, **common
+    )
     return loader_rate(make, workers, batches)["tasks_per_s"]
 
 
@@ -513,15 +517,27 @@ def main() -> None:
     }
     coarsen = max(1, round(1.0 / args.resolution))
     cases = {
-        "sample / era5_stations": lambda w: StationReanalysisDataModule(num_workers=w, **common),
-        "sample / era5_multisource (window 4)": lambda w: MultiSourceDataModule(num_workers=w, window=4, **common),
-        f"global {args.resolution:g} deg / era5_stations (distinct HadISD points)": lambda w: (
-            StationReanalysisDataModule(
-                store=str(store), coarsen=coarsen, num_workers=w, cache_chunks=2, **glob_dates, **common
-            )
+        "sample / era5_stations": lambda w: from_flat_arguments(StationReanalysisDataModule, num_workers=w, **common),
+        "sample / era5_multisource (window 4)": lambda w: from_flat_arguments(
+            MultiSourceDataModule, num_workers=w, window=4, **common
         ),
-        f"global {args.resolution:g} deg / era5_multisource Europe (window 4)": lambda w: MultiSourceDataModule(
-            store=str(store), region=(35.0, 70.0, -15.0, 40.0), num_workers=w, cache_chunks=2, **glob_dates, **common
+        f"global {args.resolution:g} deg / era5_stations (distinct HadISD points)": lambda w: from_flat_arguments(
+            StationReanalysisDataModule,
+            store=str(store),
+            coarsen=coarsen,
+            num_workers=w,
+            cache_chunks=2,
+            **glob_dates,
+            **common,
+        ),
+        f"global {args.resolution:g} deg / era5_multisource Europe (window 4)": lambda w: from_flat_arguments(
+            MultiSourceDataModule,
+            store=str(store),
+            region=(35.0, 70.0, -15.0, 40.0),
+            num_workers=w,
+            cache_chunks=2,
+            **glob_dates,
+            **common,
         ),
     }
     rows = []

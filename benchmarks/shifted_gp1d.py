@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import command_line, device_name, git_commit, write_table
 
 from gridtnp.data.datamodules import FixedTaskSet, SyntheticDataModule
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.module import NeuralProcessModule
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import build_from_spec
@@ -68,7 +69,9 @@ def train_and_test(recipe: Path, args: argparse.Namespace) -> list[dict[str, Any
     if not isinstance(task, dict) or task.get("name") != "gp1d":
         raise SystemExit(f"{recipe}: this benchmark needs a recipe on the gp1d task; it has {task!r}.")
     batch_size = data_args.get("batch_size", 16)
-    data = SyntheticDataModule(task=task, batch_size=batch_size, train_batches=args.steps, val_batches=1, seed=seed)
+    data = from_flat_arguments(
+        SyntheticDataModule, task=task, batch_size=batch_size, train_batches=args.steps, val_batches=1, seed=seed
+    )
     module = NeuralProcessModule(**model_args(config, args.dim, args.layers), compile=args.compile)
     trainer = L.Trainer(
         accelerator="cpu",

@@ -16,6 +16,7 @@ from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.cli import main
 from gridtnp.data import SyntheticDataModule
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.map_axes import compact_longitudes
 from gridtnp.plots import (
     PlotCallback,
@@ -118,7 +119,7 @@ def test_global_maps_have_two_wide_panels_a_row_and_small_markers() -> None:
 def test_plot_callback_logs_tensorboard_images(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=4, train_batches=2, val_batches=1)
+    data = from_flat_arguments(SyntheticDataModule, task={"name": "gp1d"}, batch_size=4, train_batches=2, val_batches=1)
     trainer = L.Trainer(
         max_steps=2,
         accelerator="cpu",

@@ -186,3 +186,18 @@ def moved_argument(cls: type, name: str) -> str | None:
     for klass in reversed(cls.__mro__):
         moved.update(vars(klass).get("MOVED_ARGUMENTS", {}))
     return moved.get(name)
+
+
+def from_flat_arguments(cls: type, *args: Any, **flat: Any) -> Any:
+    """``cls(*args, ...)`` built from the flat keyword arguments of the old layout (``batch_size=4``,
+    ``train_dates=...``), each put into its section (``loader={"batch_size": 4}``): Python code of the flat
+    layout keeps working through this call."""
+    kwargs: dict[str, Any] = {}
+    for name, value in flat.items():
+        moved = moved_argument(cls, name)
+        if moved is None:
+            kwargs[name] = value
+            continue
+        part, _, key = moved.partition(".")
+        kwargs.setdefault(part, {})[key] = value
+    return cls(*args, **kwargs)

@@ -19,7 +19,8 @@ def gridtnp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_short_fit_and_test_print_no_warning_and_one_table(tmp_path):
-    common = ["--config", RECIPE, "--data.init_args.loader.val_batches", "1", "--data.init_args.loader.test_batches", "1",
+    common = ["--config", RECIPE, "--data.init_args.loader.val_batches", "1",
+              "--data.init_args.loader.test_batches", "1",
               "--model.init_args.dim", "16"]  # fmt: skip
     leftover = tmp_path / "ckpt" / ".last.ckpt.tmp-deadbeef"  # a write killed before its rename, earlier
     leftover.parent.mkdir()

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from gridtnp.cli import GridTNPCLI, main
 from gridtnp.coastlines import coastline_segments, draw_coastlines
+from gridtnp.data.sections import from_flat_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "era5_swin.yaml")
@@ -175,7 +176,7 @@ def test_held_out_targets_are_placed_on_their_stations(tmp_path: Path, monkeypat
     from gridtnp.data import StationReanalysisDataModule
 
     monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path / "cache"))
-    dm = StationReanalysisDataModule(targets="held_out", batch_size=4, climatology=True)
+    dm = from_flat_arguments(StationReanalysisDataModule, targets="held_out", batch_size=4, climatology=True)
     dm.prepare_data()
     dm.setup("test")
     batch = next(iter(dm.test_dataloader()))

@@ -15,6 +15,7 @@ from gridtnp.data.datamodules import FixedTaskSet, TrainTaskStream
 from gridtnp.data.gp import GP1D, GP2D, GP2DMultimodal
 from gridtnp.data.gp_kernels import SKI_MARGIN, SKIGrid, mixed_kernel_matrix, predictive_loglik
 from gridtnp.data.sawtooth import Sawtooth2DRestricted, sawtooth
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.registry import ConfigError, build_from_spec
 
 # Small configurations of every registered task, so the whole file stays fast.
@@ -321,8 +322,8 @@ def test_sawtooth_restricted_directions() -> None:
 
 def test_datamodule_train_loader_yields_batches_and_dims() -> None:
     spec = {"name": "gp2d_multimodal", "min_context": 5, "max_context": 30}
-    dm = SyntheticDataModule(spec, batch_size=3, train_batches=4)
-    assert dm.dim_x == 2 and dm.dim_y == {"grid": 1, "points": 1} and dm.target_dim_y == 1
+    dm = from_flat_arguments(SyntheticDataModule, spec, batch_size=3, train_batches=4)
+    assert dm.dim_x == 2 and dm.dim_y == {"grid": 1, "points": 1} and dm.task.target_dim_y == 1
     batches = list(dm.train_dataloader())
     assert len(batches) == 4 == len(dm.train_dataloader())
     assert all(isinstance(b, Batch) and b.batch_size == 3 for b in batches)
@@ -331,8 +332,8 @@ def test_datamodule_train_loader_yields_batches_and_dims() -> None:
 
 def test_datamodule_val_and_test_sets_are_fixed() -> None:
     spec = {"name": "gp1d", "max_context": 10, "num_targets": 10}
-    a = SyntheticDataModule(spec, batch_size=2, val_batches=3, test_batches=2, seed=5)
-    b = SyntheticDataModule(dict(spec), batch_size=2, val_batches=3, seed=5)
+    a = from_flat_arguments(SyntheticDataModule, spec, batch_size=2, val_batches=3, test_batches=2, seed=5)
+    b = from_flat_arguments(SyntheticDataModule, dict(spec), batch_size=2, val_batches=3, seed=5)
     val_a, val_b = list(a.val_dataloader()), list(b.val_dataloader())
     assert len(val_a) == 3
     for x, y in zip(val_a, val_b, strict=True):
@@ -340,7 +341,7 @@ def test_datamodule_val_and_test_sets_are_fixed() -> None:
     assert_batches_equal(val_a[1], list(a.val_dataloader())[1])  # and across passes
     test_a = list(a.test_dataloader())
     assert not torch.equal(test_a[0].target.y, val_a[0].target.y)  # splits differ
-    c = SyntheticDataModule(spec, batch_size=2, val_batches=3, seed=6)
+    c = from_flat_arguments(SyntheticDataModule, spec, batch_size=2, val_batches=3, seed=6)
     assert not torch.equal(next(iter(c.val_dataloader())).target.y, val_a[0].target.y)
     assert isinstance(a.val_dataloader().dataset, FixedTaskSet)
 
@@ -356,7 +357,7 @@ def test_train_stream_differs_by_rank_and_epoch_and_is_reproducible() -> None:
 
 
 def test_train_loader_follows_trainer_epoch() -> None:
-    dm = SyntheticDataModule("sawtooth1d", batch_size=2, train_batches=2)
+    dm = from_flat_arguments(SyntheticDataModule, "sawtooth1d", batch_size=2, train_batches=2)
     dm.trainer = SimpleNamespace(current_epoch=0, global_rank=0)
     loader = dm.train_dataloader()
     epoch0 = list(loader)
@@ -377,8 +378,12 @@ def test_train_loader_follows_trainer_epoch() -> None:
 
 def test_train_batches_do_not_depend_on_worker_count() -> None:
     spec = {"name": "gp1d", "max_context": 8, "num_targets": 8}
-    serial = list(SyntheticDataModule(spec, batch_size=2, train_batches=4, num_workers=0).train_dataloader())
-    parallel = list(SyntheticDataModule(spec, batch_size=2, train_batches=4, num_workers=2).train_dataloader())
+    serial = list(
+        from_flat_arguments(SyntheticDataModule, spec, batch_size=2, train_batches=4, num_workers=0).train_dataloader()
+    )
+    parallel = list(
+        from_flat_arguments(SyntheticDataModule, spec, batch_size=2, train_batches=4, num_workers=2).train_dataloader()
+    )
     assert len(parallel) == 4
     key = lambda b: b.target.y.sum().item()  # noqa: E731
     assert sorted(map(key, serial)) == pytest.approx(sorted(map(key, parallel)))
@@ -386,11 +391,11 @@ def test_train_batches_do_not_depend_on_worker_count() -> None:
 
 def test_datamodule_errors() -> None:
     with pytest.raises(ConfigError, match=r"gp1d.*sawtooth1d"):
-        SyntheticDataModule({"name": "gp3d"})
+        from_flat_arguments(SyntheticDataModule, {"name": "gp3d"})
     with pytest.raises(ConfigError, match="max_contxt"):
-        SyntheticDataModule({"name": "gp1d", "max_contxt": 3})
+        from_flat_arguments(SyntheticDataModule, {"name": "gp1d", "max_contxt": 3})
     with pytest.raises(ConfigError, match="batch_size"):
-        SyntheticDataModule("gp1d", batch_size=0)
+        from_flat_arguments(SyntheticDataModule, "gp1d", batch_size=0)
 
 
 class _Recorder(L.LightningModule):
@@ -414,8 +419,12 @@ class _Recorder(L.LightningModule):
 
 
 def test_datamodule_under_lightning_trainer() -> None:
-    dm = SyntheticDataModule(
-        {"name": "gp1d", "max_context": 8, "num_targets": 8}, batch_size=2, train_batches=3, val_batches=2
+    dm = from_flat_arguments(
+        SyntheticDataModule,
+        {"name": "gp1d", "max_context": 8, "num_targets": 8},
+        batch_size=2,
+        train_batches=3,
+        val_batches=2,
     )
     module = _Recorder()
     trainer = L.Trainer(

@@ -16,6 +16,7 @@ from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule
 from gridtnp.data.climatology import computed_climatology
 from gridtnp.data.layout import DataError
 from gridtnp.data.prepare import prepare
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.data.store import date_line_order, open_store, unwrapped_region
 from tests.data.test_era5 import unnormalise
 
@@ -79,8 +80,14 @@ def test_station_tasks_on_the_store_see_one_run_of_longitudes(pacific: str, tmp_
     stations = tmp_path / "stations.csv"
     rows = [(0.0, 160.0), (10.0, -170.0), (-10.0, 180.0), (20.0, 170.0), (-20.0, 190.0 - 360.0), (0.0, 100.0)]
     pd.DataFrame(rows, columns=["latitude", "longitude"]).to_csv(stations, index=False)
-    dm = StationReanalysisDataModule(
-        store=pacific, stations=str(stations), coarsen=1, climatology=True, batch_size=3, **DATES
+    dm = from_flat_arguments(
+        StationReanalysisDataModule,
+        store=pacific,
+        stations=str(stations),
+        coarsen=1,
+        climatology=True,
+        batch_size=3,
+        **DATES,
     )
     dm.setup()
     assert dm.box[1].tolist() == [150.0, 160.0, 170.0, 180.0, 190.0]
@@ -88,21 +95,30 @@ def test_station_tasks_on_the_store_see_one_run_of_longitudes(pacific: str, tmp_
     computed = computed_climatology(dm.open(["t2m"]), ["t2m"], dm.splits["train"].target_time, "test")
     np.testing.assert_allclose(dm.task.climatology["t2m"], computed["t2m"], rtol=1e-6)
     assert dm.describe().startswith("5 stations of 6 in stations.csv (1 outside the store, 0 sharing")
-    plain = StationReanalysisDataModule(store=pacific, stations=str(stations), coarsen=1, batch_size=3, **DATES)
+    plain = from_flat_arguments(
+        StationReanalysisDataModule, store=pacific, stations=str(stations), coarsen=1, batch_size=3, **DATES
+    )
     batch = plain.split_task("train").sample(3, torch.Generator().manual_seed(0))
     x_t, ok = batch.target.x.double().numpy(), batch.target.mask.numpy()
     assert x_t[ok][:, 1].min() >= 150.0 and x_t[ok][:, 1].max() <= 190.0
     want = expected_t2m(x_t[..., 0], x_t[..., 1], batch.extras["hour"].numpy()[:, None])
     np.testing.assert_allclose(unnormalise(plain, batch.target.y[..., 0])[ok], want[ok], atol=1e-3)
-    box = StationReanalysisDataModule(
-        store=pacific, stations=str(stations), coarsen=1, region=(-10.0, 10.0, 175.0, 190.0), **DATES
+    box = from_flat_arguments(
+        StationReanalysisDataModule,
+        store=pacific,
+        stations=str(stations),
+        coarsen=1,
+        region=(-10.0, 10.0, 175.0, 190.0),
+        **DATES,
     )
     box.setup()
     assert box.box[1].tolist() == [180.0, 190.0] and len(box.station_table) == 2
 
 
 def test_multisource_windows_on_the_store_see_one_run_of_longitudes(pacific: str) -> None:
-    dm = MultiSourceDataModule(store=pacific, variables=["t2m", "skt"], target_variables=["t2m"], window=2, **DATES)
+    dm = from_flat_arguments(
+        MultiSourceDataModule, store=pacific, variables=["t2m", "skt"], target_variables=["t2m"], window=2, **DATES
+    )
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
     x = batch.context["skt"].x[batch.context["skt"].mask].double().numpy()
@@ -117,11 +133,13 @@ def test_a_region_across_the_date_line_of_a_global_store_is_its_own_store(world:
     pd.DataFrame(rows, columns=["latitude", "longitude"]).to_csv(station_file, index=False)
     common = {"stations": str(station_file), "coarsen": 2, "climatology": True, "batch_size": 3, **DATES}
     common["stats"] = {"t2m": (250.0, 10.0)}  # the stores' own differ: one over the globe, one over the box
-    whole = StationReanalysisDataModule(store=world, region=(-20.0, 20.0, 150.0, -170.0), **common)
-    box = StationReanalysisDataModule(store=pacific, **common)
+    whole = from_flat_arguments(StationReanalysisDataModule, store=world, region=(-20.0, 20.0, 150.0, -170.0), **common)
+    box = from_flat_arguments(StationReanalysisDataModule, store=pacific, **common)
     whole.setup(), box.setup()
     assert whole.box[1].tolist() == box.box[1].tolist() == [150.0, 160.0, 170.0, 180.0, 190.0]
-    in_0_360 = StationReanalysisDataModule(store=world, region=(-20.0, 20.0, 150.0, 190.0), **common)
+    in_0_360 = from_flat_arguments(
+        StationReanalysisDataModule, store=world, region=(-20.0, 20.0, 150.0, 190.0), **common
+    )
     in_0_360.setup()
     assert in_0_360.box[1].tolist() == whole.box[1].tolist()
     assert whole.task.cache.reads == 0  # the stored climatology of the global store, its region's columns
@@ -136,8 +154,8 @@ def test_a_region_across_the_date_line_of_a_global_store_is_its_own_store(world:
         torch.testing.assert_close(a.target.y, b.target.y)
     ms = {"variables": ["t2m", "skt"], "target_variables": ["t2m"], "window": 2, **DATES}
     ms["stats"] = {"t2m": (250.0, 10.0), "skt": (255.0, 10.0)}
-    a = MultiSourceDataModule(store=world, region=(-20.0, 20.0, 150.0, -170.0), **ms)
-    b = MultiSourceDataModule(store=pacific, **ms)
+    a = from_flat_arguments(MultiSourceDataModule, store=world, region=(-20.0, 20.0, 150.0, -170.0), **ms)
+    b = from_flat_arguments(MultiSourceDataModule, store=pacific, **ms)
     a.setup(), b.setup()
     batch_a = a.split_task("train").sample(2, torch.Generator().manual_seed(0))
     batch_b = b.split_task("train").sample(2, torch.Generator().manual_seed(0))
@@ -146,8 +164,12 @@ def test_a_region_across_the_date_line_of_a_global_store_is_its_own_store(world:
 
 
 def test_a_region_with_lon_min_above_lon_max_on_a_regional_store_reads_it_past_180(pacific: str) -> None:
-    dm = StationReanalysisDataModule(store=pacific, coarsen=1, region=(-10.0, 10.0, 170.0, -170.0), **DATES)
+    dm = from_flat_arguments(
+        StationReanalysisDataModule, store=pacific, coarsen=1, region=(-10.0, 10.0, 170.0, -170.0), **DATES
+    )
     dm.setup()
     assert dm.box[1].tolist() == [170.0, 180.0, 190.0]
     with pytest.raises(DataError, match=r"lon 170 to 195 reaches outside the store, .* longitude 150 to 190"):
-        StationReanalysisDataModule(store=pacific, coarsen=1, region=(-10.0, 10.0, 170.0, -165.0), **DATES).setup()
+        from_flat_arguments(
+            StationReanalysisDataModule, store=pacific, coarsen=1, region=(-10.0, 10.0, 170.0, -165.0), **DATES
+        ).setup()

@@ -19,6 +19,7 @@ from gridtnp.batch import Batch, Observations
 from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.layout import DataError
 from gridtnp.data.prepare import prepare
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.data.store import coarsen_fields, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
@@ -69,7 +70,7 @@ def write_stations(path: Path, rows: list[tuple[float, float]] | None = None) ->
 
 def datamodule(store: str, stations: str, **kwargs) -> StationReanalysisDataModule:
     args = {"batch_size": 4, "train_batches": 3, **DATES, **kwargs}
-    dm = StationReanalysisDataModule(store=store, stations=stations, **args)
+    dm = from_flat_arguments(StationReanalysisDataModule, store=store, stations=stations, **args)
     dm.setup()
     return dm
 
@@ -277,10 +278,18 @@ def test_global_store_wraps_longitude_and_keeps_every_station(tmp_path: Path) ->
     store = str(prepare([tmp_path / "g.nc"], tmp_path / "g.zarr", train_end="2020-01-01", progress=False))
     day1, day2 = ("2020-01-01", "2020-01-01"), ("2020-01-02", "2020-01-02")
     with pytest.raises(DataError, match="overlap"):
-        StationReanalysisDataModule(store=store, coarsen=2, train_dates=day1, val_dates=day2, test_dates=day2).setup()
+        from_flat_arguments(
+            StationReanalysisDataModule, store=store, coarsen=2, train_dates=day1, val_dates=day2, test_dates=day2
+        ).setup()
     halves = {"val_dates": ("2020-01-02T00", "2020-01-02T11"), "test_dates": ("2020-01-02T12", "2020-01-02T23")}
-    dm = StationReanalysisDataModule(
-        store=store, coarsen=2, batch_size=2, unique_grid_points=False, train_dates=day1, **halves
+    dm = from_flat_arguments(
+        StationReanalysisDataModule,
+        store=store,
+        coarsen=2,
+        batch_size=2,
+        unique_grid_points=False,
+        train_dates=day1,
+        **halves,
     )
     dm.setup()
     assert dm.task.num_stations == len(pd.read_csv(sample_path(STATIONS_SAMPLE)))  # all 9,957 inside the globe
@@ -308,7 +317,7 @@ def test_bad_inputs_raise_errors_naming_what_to_fix(tmp_path: Path, store: str, 
     with pytest.raises(DataError, match="No Zarr store"):
         datamodule(str(tmp_path / "missing.zarr"), stations)
     with pytest.raises(ConfigError, match="context_fraction"):
-        StationReanalysisDataModule(store=store, context_fraction=(0.5, 0.2))
+        from_flat_arguments(StationReanalysisDataModule, store=store, context_fraction=(0.5, 0.2))
     with pytest.raises(DataError, match=r"training dates 2020-01-01T00 to 2020-01-01T11: climatology needs every hour"):
         datamodule(store, stations, climatology=True, train_dates=("2020-01-01T00", "2020-01-01T11"))
 
@@ -378,7 +387,8 @@ def test_era5_recipes_build_and_run_a_batch(recipe: Path, store: str, stations: 
 def test_swin_recipe_trains_one_step_on_a_sample_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path))
     config = yaml.safe_load((ROOT / "recipes" / "era5_swin.yaml").read_text())
-    dm = StationReanalysisDataModule(**{**config["data"].get("init_args", {}), "batch_size": 2})
+    data = config["data"].get("init_args", {})
+    dm = StationReanalysisDataModule(**{**data, "loader": {**data.get("loader", {}), "batch_size": 2}})
     dm.prepare_data()
     assert (tmp_path / "era5_t2m_uk_2019-03.zarr").is_dir()  # the embedded sample, prepared once
     dm.setup()

@@ -19,6 +19,7 @@ from gridtnp.data import MultiSourceDataModule
 from gridtnp.data.era5.multisource import Source
 from gridtnp.data.layout import DataError
 from gridtnp.data.prepare import prepare
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.data.store import ChunkCache, normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
@@ -79,7 +80,7 @@ def datamodule(store: str, **kwargs) -> MultiSourceDataModule:
         **DATES,
         **kwargs,
     }
-    dm = MultiSourceDataModule(store=store, **args)
+    dm = from_flat_arguments(MultiSourceDataModule, store=store, **args)
     dm.setup()
     return dm
 
@@ -91,7 +92,8 @@ def physical(dm: MultiSourceDataModule, y: torch.Tensor, variable: str, level: f
 
 def test_values_match_the_store_at_each_point_of_the_window(store: str) -> None:
     dm = datamodule(store)
-    assert dm.dim_y == {"u850": 1, "v850": 1, "u500": 1, "u10": 1} and dm.target_dim_y == 2 and dm.dim_x == 3
+    assert dm.dim_y == {"u850": 1, "v850": 1, "u500": 1, "u10": 1} and dm.dim_x == 3
+    assert dm.target_variables() == ["u850", "v850"]
     batch = next(iter(dm.train_dataloader()))
     start = batch.extras["start_hour"].numpy()[:, None]
     for name, level in [("u850", 850.0), ("u500", 500.0)]:
@@ -192,12 +194,12 @@ def test_bad_specifications_name_what_to_fix(store: str) -> None:
         datamodule(store, region=(40.0, 52.0, -1.0, 1.0))
     with pytest.raises(DataError, match=r"hold no 30 consecutive hours"):
         datamodule(store, window=30)
-    with pytest.raises(ConfigError, match="subset of variables"):
-        MultiSourceDataModule(store=store, variables=["u10"], target_variables=["t2m"])
+    with pytest.raises(ConfigError, match=r"task.target_variables \[.t2m.\] must be a subset of task.variables"):
+        from_flat_arguments(MultiSourceDataModule, store=store, variables=["u10"], target_variables=["t2m"])
     with pytest.raises(ConfigError, match="name@level"):
-        MultiSourceDataModule(store=store, variables=["u@high"])
+        from_flat_arguments(MultiSourceDataModule, store=store, variables=["u@high"])
     with pytest.raises(ConfigError, match="context_fraction"):
-        MultiSourceDataModule(store=store, variables=["u10"], context_fraction=(0.3, 0.1))
+        from_flat_arguments(MultiSourceDataModule, store=store, variables=["u10"], context_fraction=(0.3, 0.1))
 
 
 def test_a_store_opened_by_url_reads_lazily(store: str) -> None:
@@ -237,7 +239,7 @@ MULTISOURCE_RECIPES = [
 @pytest.mark.parametrize("recipe", MULTISOURCE_RECIPES, ids=lambda p: p.stem)
 def test_multisource_recipes_match_their_data_and_run_a_batch(recipe: Path) -> None:
     config = yaml.safe_load(recipe.read_text())
-    model, data = config["model"]["init_args"], config["data"]["init_args"]
+    model, data = config["model"]["init_args"], config["data"]["init_args"]["task"]
     names = [Source(v).name for v in data["variables"]]
     assert model["dim_y"] == dict.fromkeys(names, 1) and model["dim_x"] == 3
     assert model.get("target_dim_y", 1) == len(data.get("target_variables") or names)
@@ -265,7 +267,8 @@ def test_multisource_recipes_match_their_data_and_run_a_batch(recipe: Path) -> N
 def test_sample_recipe_reads_the_embedded_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path))
     config = yaml.safe_load((ROOT / "recipes" / "era5_multisource_swin.yaml").read_text())
-    dm = MultiSourceDataModule(**{**config["data"]["init_args"], "batch_size": 2})
+    data = config["data"]["init_args"]
+    dm = MultiSourceDataModule(**{**data, "loader": {**data["loader"], "batch_size": 2}})
     dm.setup()
     batch = dm.split_task("test").sample(2, torch.Generator().manual_seed(0))
     assert batch.context["t2m"].x.shape[-1] == 3 and batch.target.y.shape == (2, round(0.25 * 4 * 33 * 49), 1)
@@ -349,7 +352,7 @@ def test_predictions_cover_the_test_split_with_dense_maps(store: str) -> None:
 
 def test_variable_metadata_names_each_source_its_level_statistics_and_units(store: str) -> None:
     """What a checkpoint keeps: per-level statistics, units, the sources and the targets in y's column order."""
-    dm = MultiSourceDataModule(store=store, variables=["u@850", "v@850", "u@500", "u10"],
+    dm = from_flat_arguments(MultiSourceDataModule, store=store, variables=["u@850", "v@850", "u@500", "u10"],
                                target_variables=["v@850", "u@850"], window=3, **DATES)  # fmt: skip
     assert dm.variable_metadata() is None  # before setup
     dm.setup()

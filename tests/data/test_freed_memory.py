@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.datamodules import SyntheticDataModule
 from gridtnp.data.freed_memory import keep_freed_memory, worker_init
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.libc import c_function
 from tests.data.test_prepare import synthetic, write_nc
 
@@ -85,6 +86,8 @@ def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_station_task_sets_it_in_its_workers_only() -> None:
-    assert StationReanalysisDataModule(num_workers=2).loader_kwargs()["worker_init_fn"] is worker_init
-    assert StationReanalysisDataModule(num_workers=0).loader_kwargs()["worker_init_fn"] is None
-    assert SyntheticDataModule("gp1d", num_workers=2).loader_kwargs()["worker_init_fn"] is None
+    assert (
+        from_flat_arguments(StationReanalysisDataModule, num_workers=2).loader_kwargs()["worker_init_fn"] is worker_init
+    )
+    assert from_flat_arguments(StationReanalysisDataModule, num_workers=0).loader_kwargs()["worker_init_fn"] is None
+    assert from_flat_arguments(SyntheticDataModule, "gp1d", num_workers=2).loader_kwargs()["worker_init_fn"] is None

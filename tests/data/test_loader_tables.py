@@ -14,6 +14,7 @@ from gridtnp.batch import Batch
 from gridtnp.data import StationReanalysisDataModule
 from gridtnp.data.era5.blocks import BlockLayout, LayoutTables, _axis_sums
 from gridtnp.data.era5.station_tasks import SplitTask
+from gridtnp.data.sections import from_flat_arguments
 
 
 @pytest.mark.parametrize("wrap_lon", [False, True])
@@ -72,7 +73,9 @@ def test_grouped_order_puts_each_layout_in_one_slice_with_the_same_sums() -> Non
 
 def test_the_training_split_builds_its_tables_before_the_workers_start() -> None:
     def first_batch(prebuilt: bool) -> tuple[int, Batch]:
-        dm = StationReanalysisDataModule(batch_size=4, train_batches=2)  # the embedded sample, 4 x 4 blocks
+        dm = from_flat_arguments(
+            StationReanalysisDataModule, batch_size=4, train_batches=2
+        )  # the embedded sample, 4 x 4 blocks
         dm.setup("fit")
         assert dm.task is not None and not dm.task.tables._centres
         # split_task("train") is what train_dataloader() calls in the main process; the other builds them lazily.

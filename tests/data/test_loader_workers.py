@@ -10,6 +10,7 @@ from torch.utils.data import get_worker_info
 
 from gridtnp.batch import Batch
 from gridtnp.data.datamodules import SyntheticDataModule
+from gridtnp.data.sections import from_flat_arguments
 
 
 class _Pid:
@@ -27,7 +28,7 @@ class _Pid:
 
 def _epochs(workers: int, epochs: int, resume: dict | None = None) -> tuple[list[list[float]], set[int]]:
     spec = {"name": "gp1d", "max_context": 8, "num_targets": 8}
-    dm = SyntheticDataModule(spec, batch_size=2, train_batches=4, num_workers=workers)
+    dm = from_flat_arguments(SyntheticDataModule, spec, batch_size=2, train_batches=4, num_workers=workers)
     dm.split_task = lambda split, task=dm.split_task: _Pid(task(split))  # type: ignore[method-assign]
     loader = dm.train_dataloader()
     if resume is not None:
@@ -53,7 +54,7 @@ def test_persistent_workers_draw_each_epochs_batches_and_survive_epochs() -> Non
 
 def _eval_runs(workers: int, runs: int) -> tuple[list[list[float]], set[int]]:
     spec = {"name": "gp1d", "max_context": 8, "num_targets": 8}
-    dm = SyntheticDataModule(spec, batch_size=2, val_batches=3, num_workers=workers)
+    dm = from_flat_arguments(SyntheticDataModule, spec, batch_size=2, val_batches=3, num_workers=workers)
     dm.split_task = lambda split, task=dm.split_task: _Pid(task(split))  # type: ignore[method-assign]
     loader = dm.val_dataloader()
     sums, pids = [], set()

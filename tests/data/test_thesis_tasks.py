@@ -12,6 +12,7 @@ import yaml
 
 from gridtnp.batch import Observations
 from gridtnp.data.gp1d_multimodal import GP1DMultimodal, hadamard_covariance
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.models import build_model
 from gridtnp.registry import ConfigError, build_from_spec
 
@@ -213,8 +214,13 @@ def test_era5_task_with_random_off_grid_points_and_a_fixed_number_of_targets(
     from gridtnp.data.store import normalisation_stats, open_store
 
     monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path))
-    dm = StationReanalysisDataModule(
-        store=None, random_points=60, num_targets=25, context_fraction=(0.2, 0.5), batch_size=3
+    dm = from_flat_arguments(
+        StationReanalysisDataModule,
+        store=None,
+        random_points=60,
+        num_targets=25,
+        context_fraction=(0.2, 0.5),
+        batch_size=3,
     )
     dm.prepare_data()
     dm.setup()
@@ -234,7 +240,7 @@ def test_era5_task_with_random_off_grid_points_and_a_fixed_number_of_targets(
             assert y == pytest.approx(want, abs=1e-3)
     assert not torch.equal(target.x[0], target.x[1])  # drawn anew per task
     with pytest.raises(ConfigError, match="num_targets"):
-        StationReanalysisDataModule(store=None, random_points=10, num_targets=10).setup()
+        from_flat_arguments(StationReanalysisDataModule, store=None, random_points=10, num_targets=10).setup()
 
 
 def test_thesis_era5_recipe_builds_and_its_data_section_constructs():

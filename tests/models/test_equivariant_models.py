@@ -10,6 +10,7 @@ import torch
 
 from gridtnp.batch import Observations
 from gridtnp.data import SyntheticDataModule
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.models import create_model
 from gridtnp.registry import ConfigError, build_from_spec
 from tests.conftest import random_context
@@ -154,10 +155,15 @@ def test_rotated_sawtooth_directions():
 
 
 def test_test_task_serves_only_the_test_split():
-    data = SyntheticDataModule(
-        task={"name": "gp1d"}, test_task={"name": "gp1d", "shift": 1.0}, batch_size=2, val_batches=1, test_batches=1
+    data = from_flat_arguments(
+        SyntheticDataModule,
+        task={"name": "gp1d"},
+        test_task={"name": "gp1d", "shift": 1.0},
+        batch_size=2,
+        val_batches=1,
+        test_batches=1,
     )
     assert data.split_task("train") is data.task and data.split_task("val") is data.task
     assert data.split_task("test").context_range == ((-1.0, 3.0),)
     with pytest.raises(ConfigError, match="test_task has dim_x=2"):
-        SyntheticDataModule(task={"name": "gp1d"}, test_task={"name": "sawtooth2d"})
+        from_flat_arguments(SyntheticDataModule, task={"name": "gp1d"}, test_task={"name": "sawtooth2d"})

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.models import build_model, count_parameters
 from gridtnp.nn.grid_decoders.sets import JointSelfAttentionDecoder
 from gridtnp.nn.grid_encoders import AverageGridEncoder, PseudoTokenGridEncoder
@@ -146,13 +147,13 @@ def test_station_ablations_run_on_the_embedded_sample(
     monkeypatch.setenv("GRIDTNP_CACHE", str(tmp_path))
     from gridtnp.data import StationReanalysisDataModule
 
-    init = recipe(name)["data"]["init_args"]
+    init = recipe(name)["data"]["init_args"]["task"]
     keep = ("grid_variables", "context_fraction", "targets", "unique_grid_points", "coarsen", "coarsen_offset")
     # The embedded sample holds t2m only: the skt-only recipe reads t2m on the grid here.
     args = {k: init[k] for k in keep} | {"store": None, "batch_size": 2}
     if sources is None:
         args["grid_variables"] = ["t2m"]
-    dm = StationReanalysisDataModule(**args)
+    dm = from_flat_arguments(StationReanalysisDataModule, **args)
     dm.prepare_data()
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
@@ -171,7 +172,7 @@ def test_station_tasks_refuse_time_features_without_grid_variables():
     from gridtnp.registry import ConfigError
 
     with pytest.raises(ConfigError, match="time_features"):
-        StationReanalysisDataModule(grid_variables=[], time_features=True)
+        from_flat_arguments(StationReanalysisDataModule, grid_variables=[], time_features=True)
 
 
 def test_context_keys_only_makes_each_target_independent_of_the_others():

@@ -11,6 +11,7 @@ import torch
 from gridtnp import NeuralProcessModule
 from gridtnp.data import SyntheticDataModule
 from gridtnp.data.datamodules import ShardSampler, TrainTaskStream, _EpochLoader
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.registry import build_from_spec
 from gridtnp.training.checkpointing import (
     AtomicCheckpointIO,
@@ -72,7 +73,9 @@ class DrawRandom(L.Callback):
 
 def fit(tmp_path, name: str, max_steps: int, ckpt_path=None, ckpt_dir=None) -> tuple[L.Trainer, dict, DrawRandom]:
     L.seed_everything(0)
-    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=4, train_batches=5, val_batches=1, seed=3)
+    data = from_flat_arguments(
+        SyntheticDataModule, task={"name": "gp1d"}, batch_size=4, train_batches=5, val_batches=1, seed=3
+    )
     module = NeuralProcessModule(preset="cnp", dim=16, lr=1e-2)
     draws = DrawRandom()
     trainer = L.Trainer(

@@ -8,6 +8,7 @@ import torch
 
 from gridtnp import NeuralProcessModule
 from gridtnp.data import SyntheticDataModule
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.nn.likelihoods import GaussianLikelihood, HomoscedasticLikelihood, log_likelihood
 from gridtnp.registry import build_from_spec
 
@@ -43,7 +44,7 @@ def test_models_under_bf16_autocast_match_float32(preset):
 
 def test_bf16_mixed_training_on_cpu(tmp_path):
     L.seed_everything(0)
-    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=8, train_batches=4, val_batches=2)
+    data = from_flat_arguments(SyntheticDataModule, task={"name": "gp1d"}, batch_size=8, train_batches=4, val_batches=2)
     module = NeuralProcessModule(preset="tnp", dim=32, processor={"layers": 2})
     trainer = L.Trainer(
         max_steps=4,

@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from gridtnp import NeuralProcessModule
 from gridtnp.data import SyntheticDataModule
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.nn.likelihoods import log_likelihood
 from tests.recording import fingerprint, read_records
 
@@ -128,7 +129,9 @@ def union_metrics(ckpt: Path, val_batches: int, batch_size: int) -> dict[str, fl
     """Validation log-likelihood and RMSE of a checkpoint's model over the whole validation set, in one process."""
     module = NeuralProcessModule.load_from_checkpoint(ckpt, map_location="cpu")
     module.eval()
-    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=batch_size, val_batches=val_batches, seed=0)
+    data = from_flat_arguments(
+        SyntheticDataModule, task={"name": "gp1d"}, batch_size=batch_size, val_batches=val_batches, seed=0
+    )
     logliks, sq_err, count, tasks = [], 0.0, 0, []
     with torch.no_grad():
         for batch in data.val_dataloader():

@@ -15,6 +15,7 @@ import yaml
 from gridtnp import NeuralProcessModule
 from gridtnp.cli import GridTNPCLI, main
 from gridtnp.data import SyntheticDataModule
+from gridtnp.data.sections import from_flat_arguments
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 from tests.trainers import quiet_trainer
@@ -31,7 +32,9 @@ def mean_val_loglik(module: NeuralProcessModule, data: SyntheticDataModule) -> f
 
 def test_tiny_tnp_learns_1d_gp(tmp_path):
     L.seed_everything(0)
-    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=16, train_batches=60, val_batches=4, seed=1)
+    data = from_flat_arguments(
+        SyntheticDataModule, task={"name": "gp1d"}, batch_size=16, train_batches=60, val_batches=4, seed=1
+    )
     data.setup("fit")
     module = NeuralProcessModule(preset="tnp", dim=32, lr=1e-3, processor={"layers": 2})
     before = mean_val_loglik(module, data)
@@ -44,7 +47,9 @@ def test_tiny_tnp_learns_1d_gp(tmp_path):
 
 
 def test_validation_metrics_are_logged():
-    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=8, train_batches=2, val_batches=2, test_batches=2)
+    data = from_flat_arguments(
+        SyntheticDataModule, task={"name": "gp1d"}, batch_size=8, train_batches=2, val_batches=2, test_batches=2
+    )
     module = NeuralProcessModule(preset="cnp", dim=16)
     trainer = quiet_trainer()
     (metrics,) = trainer.test(module, data, verbose=False)
@@ -74,7 +79,9 @@ def test_cli_fit_then_test_from_recipe(tmp_path):
         "--data.init_args.loader.test_batches",
         "2",
     ]
-    fit = run_cli("fit", *common, "--trainer.max_steps", "8", "--data.init_args.loader.train_batches", "4", cwd=tmp_path)
+    fit = run_cli(
+        "fit", *common, "--trainer.max_steps", "8", "--data.init_args.loader.train_batches", "4", cwd=tmp_path
+    )
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert "trainable parameters" in fit.stdout
     last = next(tmp_path.rglob("last.ckpt"))
@@ -155,7 +162,7 @@ def test_last_checkpoint_holds_the_final_weights(tmp_path):
     from gridtnp.training.checkpointing import Checkpoint
 
     L.seed_everything(0)
-    data = SyntheticDataModule(task={"name": "gp1d"}, batch_size=4, train_batches=2, val_batches=1)
+    data = from_flat_arguments(SyntheticDataModule, task={"name": "gp1d"}, batch_size=4, train_batches=2, val_batches=1)
     # With this seed and learning rate the validation log-likelihood falls at every epoch, so the first model
     # stays "best" and Lightning's own ModelCheckpoint would leave last.ckpt at step 2.
     module = NeuralProcessModule(preset="cnp", dim=16, lr=1e-2)
