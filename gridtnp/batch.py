@@ -16,13 +16,11 @@ from torch import Tensor
 DEFAULT_SOURCE = "points"
 
 #: The per-task extras a batch may carry (``Batch.extras``): key -> (shape, who sets it and what reads it).
-#: Every extra is per task (leading dimension B); the shapes of these keys are checked when a batch is made.
+#: Every extra is per task (leading dimension B); the shapes of these keys are checked when a batch is made. These
+#: are the ones gridtnp's core reads; a task adds its own with ``declare_extras`` (the GP tasks' kernels, say).
 EXTRAS: dict[str, tuple[str, str]] = {
     "target_scale": ("[B]", "std of the target variable in physical units: the *_physical metrics"),
     "oracle_loglik": ("[B]", "mean per-target log-density under the true posterior (GP tasks): oracle_loglik"),
-    "kernel": ("[B]", "GP kernel family, an index as a float (1-D GP tasks): the true posterior in plots"),
-    "lengthscale": ("[B]", "GP lengthscale (1-D GP tasks): the true posterior in plots"),
-    "period": ("[B]", "GP period (1-D GP tasks): the true posterior in plots"),
     "hour": ("[B]", "time index of the task's hour in the store (station tasks): predictions' time coordinate"),
     "start_hour": ("[B]", "time index of the first hour (multi-source tasks): predictions' time coordinate"),
     "is_context": ("[B, Nt]", "bool, the target was also a context point: the context/ and heldout/ metrics"),
@@ -32,6 +30,23 @@ EXTRAS: dict[str, tuple[str, str]] = {
 
 class BatchError(ValueError):
     """A batch whose tensors do not have the documented shapes or types."""
+
+
+#: The shapes an extra may have: per task, or per task and target point.
+EXTRA_SHAPES = ("[B]", "[B, Nt]")
+
+
+def declare_extras(owner: str, extras: dict[str, tuple[str, str]]) -> None:
+    """Declare the extras ``owner`` (a task or DataModule) puts in ``Batch.extras``: key -> (shape, meaning).
+
+    Their shapes are checked in every batch from then on; a key declared twice must keep its shape.
+    """
+    for key, (shape, meaning) in extras.items():
+        if shape not in EXTRA_SHAPES:
+            raise ValueError(f"{owner}: extras[{key!r}] has shape {shape!r}; allowed: {', '.join(EXTRA_SHAPES)}.")
+        if key in EXTRAS and EXTRAS[key][0] != shape:
+            raise ValueError(f"{owner}: extras[{key!r}] is already declared with shape {EXTRAS[key][0]}, not {shape}.")
+        EXTRAS.setdefault(key, (shape, f"{meaning} ({owner})"))
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import gridtnp
-from gridtnp.registry import KINDS, SHARED, arguments, available, describe, document, get
+from gridtnp.registry import KINDS, SHARED, arguments, available, build, describe, document, get
 
 PACKAGE = Path(gridtnp.__file__).parent
 MAX_LINES = 500
@@ -199,3 +199,27 @@ def test_print_config_expands_the_model_and_is_itself_a_recipe(tmp_path, capsys)
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(tmp_path / "expanded.yaml"), "--print_config"])
     assert capsys.readouterr().out == printed
+
+
+def test_task_extras_are_declared_by_their_task():
+    """The core table of extras holds what the core reads; the GP tasks declare theirs, and they are checked."""
+    import ast as syntax
+
+    import torch
+
+    from gridtnp.batch import Batch, BatchError, Observations, declare_extras
+
+    tree = syntax.parse((PACKAGE / "batch.py").read_text())
+    core = next(
+        node.value
+        for node in syntax.walk(tree)
+        if isinstance(node, syntax.AnnAssign) and getattr(node.target, "id", "") == "EXTRAS"
+    )
+    core_keys = {key.value for key in core.keys}
+    assert not core_keys & {"kernel", "lengthscale", "period"}, core_keys
+    build("task", "gp1d")  # importing the GP tasks declares their extras
+    points = Observations(torch.zeros(2, 3, 1), torch.zeros(2, 3, 1))
+    with pytest.raises(BatchError, match=r"extras\['lengthscale'\] must be \[B\]"):
+        Batch({"points": points}, points, {"lengthscale": torch.ones(2, 3)})
+    with pytest.raises(ValueError, match="already declared with shape"):
+        declare_extras("a test", {"lengthscale": ("[B, Nt]", "not the GP's")})

@@ -8,7 +8,8 @@ loaders) gives every hook below its default. ``OPTIONAL_ATTRIBUTES`` says who re
 an error, so a lookup and its documentation cannot drift apart); a DataModule that does not derive from the base
 reads as having the defaults.
 
-The per-task extras a batch may carry (``Batch.extras``) are declared in ``gridtnp.batch.EXTRAS``.
+The per-task extras a batch may carry (``Batch.extras``) are declared in ``gridtnp.batch.EXTRAS`` (those the core
+reads; a task declares its own with ``gridtnp.batch.declare_extras``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gridtnp.batch import DEFAULT_SOURCE, Batch, Observations
+from gridtnp.batch import DEFAULT_SOURCE, Batch, Observations, declare_extras
 from gridtnp.data.gp_kernels import (
     KERNELS,
     SKI_MARGIN,
@@ -45,6 +45,16 @@ from gridtnp.registry import ConfigError, register
 PERIODIC_FORMS = ("paper", "standard")
 #: The largest context + target count for which the 2-D tasks compute an exact oracle log-likelihood.
 MAX_ORACLE_POINTS = 2000
+
+
+declare_extras(
+    "gp1d",
+    {
+        "kernel": ("[B]", "GP kernel family, an index into the task's kernels as a float: the true posterior in plots"),
+        "lengthscale": ("[B]", "GP lengthscale: the true posterior in plots"),
+        "period": ("[B]", "GP period: the true posterior in plots"),
+    },
+)
 
 
 @register("task", "gp1d")
