@@ -245,7 +245,8 @@ def _cpu_now() -> float:
 
 
 def scale_main(args: argparse.Namespace) -> None:
-    from gridtnp.data.http_server import LocalHTTPServer
+    sys.path.insert(0, str(ROOT))  # the test tools: a folder served over HTTP with added latency
+    from tests.http_server import LocalHTTPServer
 
     days = -(-args.hours // 24)
     files = daily_files(args.store_dir / "raw", args.hours)

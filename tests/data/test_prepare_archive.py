@@ -16,10 +16,10 @@ import xarray as xr
 from gridtnp.cli import main
 from gridtnp.data.append import append
 from gridtnp.data.archive import resolve
-from gridtnp.data.http_server import LocalHTTPServer
 from gridtnp.data.layout import STATS_ATTR, DataError
 from gridtnp.data.prepare import data_main, prepare
 from gridtnp.data.store import open_store
+from tests.http_server import LocalHTTPServer
 
 LAT = np.arange(90.0, -90.1, -15.0)  # 13, descending as in ARCO-ERA5
 LON = np.arange(0.0, 360.0, 20.0)  # 18, 0 to 340

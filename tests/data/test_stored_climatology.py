@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR
-from gridtnp.data.http_server import LocalHTTPServer
 from gridtnp.data.prepare import prepare
 from gridtnp.data.store import open_store
 from tests.data.test_era5 import CHUNK, DATES, datamodule, field, write_stations
+from tests.http_server import LocalHTTPServer
 
 
 @pytest.fixture(scope="module")
