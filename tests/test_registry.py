@@ -104,3 +104,39 @@ def test_the_model_passes_each_component_what_shared_names(monkeypatch):
         assert received[-1]["sources"] == ["points"]
     finally:
         unregister("processor", "_test_recorder")
+
+
+DOC_PAGES = ["docs/components.md", "docs/extending.md"]  # the pages with tables generated from the registry
+
+
+def test_the_docs_tables_are_the_registrys(capsys):
+    """``gridtnp list --docs PAGES --check``: the marked tables equal what the registry renders now."""
+    from pathlib import Path
+
+    from gridtnp.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    pages = [str(root / page) for page in DOC_PAGES]
+    main(["list", "--docs", *pages, "--check"])
+    assert capsys.readouterr().out == "", "stale tables: run gridtnp list --docs " + " ".join(DOC_PAGES)
+    components = (root / "docs" / "components.md").read_text()
+    for kind in ("processor", "datamodule", "task"):
+        for name in available(kind):
+            assert f"| `{kind}` | `{name}` |" in components
+
+
+def test_a_stale_table_is_found_and_rewritten(tmp_path, capsys):
+    from gridtnp.cli import main
+    from gridtnp.registry import SHARED
+
+    page = tmp_path / "page.md"
+    page.write_text("Text.\n\n<!-- gridtnp list --markdown shared -->\n| old |\n<!-- end gridtnp list -->\n\nMore.\n")
+    with pytest.raises(SystemExit) as err:
+        main(["list", "--docs", str(page), "--check"])
+    assert err.value.code == 1 and "stale" in capsys.readouterr().out
+    assert "| old |" in page.read_text()  # --check changes nothing
+    main(["list", "--docs", str(page)])
+    text = page.read_text()
+    assert text.startswith("Text.\n\n<!-- gridtnp list --markdown shared -->\n| kind |") and text.endswith("More.\n")
+    assert all(f"| `{kind}` |" in text for kind, settings in SHARED.items() if settings)
+    main(["list", "--docs", str(page), "--check"])  # now in step

@@ -9,6 +9,7 @@ gridtnp report --config recipes/era5_swin.yaml --ckpt_path runs/.../last.ckpt --
 gridtnp list processor
 gridtnp list processor swin
 gridtnp list model --params
+gridtnp list --docs docs/components.md --check
 gridtnp data prepare era5.nc --out era5.zarr --train-start 2019-03-01 --train-end 2019-03-21
 """
 
@@ -37,7 +38,24 @@ def list_components(args: list[str]) -> None:
     parser.add_argument("kind", nargs="?", choices=list(KINDS), help="only this kind")
     parser.add_argument("name", nargs="?", help="one component of KIND: its docstring and arguments")
     parser.add_argument("--params", action="store_true", help="build each model preset and count its parameters")
+    parser.add_argument("--markdown", metavar="TABLE", help="print a markdown table: components or shared")
+    parser.add_argument(
+        "--docs", nargs="+", metavar="PAGE", help="rewrite the marked tables of PAGEs"
+    )
+    parser.add_argument("--check", action="store_true", help="with --docs: change nothing, exit 1 if a page is stale")
     opts = parser.parse_args(args)
+    if opts.markdown or opts.docs:
+        from gridtnp.cli.doc_tables import render, update_pages
+
+        if opts.markdown:
+            print(render(opts.markdown))
+            return
+        stale = update_pages(opts.docs, check=opts.check)
+        for page in stale:
+            print(f"{page}: {'stale; run gridtnp list --docs ' + page if opts.check else 'updated'}")
+        if stale and opts.check:
+            raise SystemExit(1)
+        return
     if opts.name is not None:
         print(document(opts.kind, opts.name))
         return
