@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 import xarray as xr
 import zarr
@@ -32,20 +31,40 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
-from gridtnp.data.layout import wrap_longitude
-from gridtnp.data.stations import snap_to_grid
 from gridtnp.files import check_output, remove_path, replace_path, replacing
 from gridtnp.models.neural_process import TARGET_CHUNK
-from gridtnp.prediction_inputs import check_context, utc_times
+from gridtnp.prediction_cells import gridded_context
+from gridtnp.prediction_climatology import departures_from_reference
+from gridtnp.prediction_coverage import warn_uncovered
+from gridtnp.prediction_inputs import (
+    RAW_UNITS,
+    UNITLESS,
+    Stats,
+    check_context,
+    checkpoint_statistics,
+    geographic_inputs,
+    longitude_centre,
+    observations,
+    points,
+    template,
+)
 from gridtnp.redaction import redact_text
 from gridtnp.registry import ConfigError
 
-Stats = tuple[float, float]
-#: Context values whose mean or standard deviation exceed this are taken for physical units (normalised values are
-#: O(1)); ``predict`` then needs their statistics.
-RAW_UNITS = 10.0
-#: ``units`` attributes of values that need no normalisation statistics.
-UNITLESS = ("", "1", "normalised", "normalized")
+#: Names other modules read from here (``gridtnp.evaluation``, user code).
+__all__ = [
+    "RAW_UNITS",
+    "UNITLESS",
+    "PredictionWriter",
+    "checkpoint_statistics",
+    "departures_from_reference",
+    "geographic_inputs",
+    "is_prediction_file",
+    "longitude_centre",
+    "predict",
+    "raw_predictions",
+    "write_dataset",
+]
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -194,210 +213,10 @@ def raw_predictions(outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
     )
 
 
-def _template(obj: xr.DataArray | xr.Dataset, coords: Sequence[str]) -> xr.DataArray:
-    """A DataArray spanning ``obj``'s points: itself, its first variable, or its coordinates broadcast together."""
-    if isinstance(obj, xr.DataArray):
-        return obj
-    spanning = [v for v in obj.data_vars.values() if all(c in v.coords for c in coords)]
-    if spanning:  # a variable located by the coordinates (not a scalar beside them)
-        return spanning[0]
-    missing = [c for c in coords if c not in obj.coords]
-    if missing:
-        raise ConfigError(f"predict: targets have no coordinate {', '.join(missing)}; have {', '.join(obj.coords)}.")
-    return xr.broadcast(*[obj[c] for c in coords])[0]
-
-
-def _points(template: xr.DataArray, coords: Sequence[str], what: str, centre: float = 0.0) -> np.ndarray:
-    """Locations ``[N, Dx]`` of every element of ``template`` (C order over its dims) from its ``coords``
-    (longitudes within 180 degrees of ``centre``)."""
-    missing = [c for c in coords if c not in template.coords]
-    if missing:
-        raise ConfigError(
-            f"predict: {what} has no coordinate {', '.join(missing)} (has {', '.join(map(str, template.coords))}); "
-            "pass coords=... naming the model's inputs in order."
-        )
-    grids = [template[c].broadcast_like(template).transpose(*template.dims).values.reshape(-1) for c in coords]
-    return geographic_inputs(np.stack(grids, -1).astype(np.float64), coords, what, centre).astype(np.float32)
-
-
-def geographic_inputs(x: np.ndarray, coords: Sequence[str], what: str, centre: float = 0.0) -> np.ndarray:
-    """Check and normalise the geographic columns of ``x [N, Dx]`` (named by ``coords``): latitudes must lie in
-    [-90, 90] (else a ``ConfigError``), longitudes are wrapped into [centre - 180, centre + 180): [-180, 180) for
-    the models trained on prepared stores, one run past 180 degrees for a model of a box across the date line
-    (``longitude_centre``)."""
-    x = x.copy()
-    for d, name in enumerate(coords):
-        column = x[:, d]
-        if name in ("latitude", "lat") and column.size and not np.all(np.abs(column[np.isfinite(column)]) <= 90):
-            bad = column[np.isfinite(column) & (np.abs(column) > 90)]
-            raise ConfigError(
-                f"predict: {what} has latitudes outside [-90, 90] (e.g. {bad[0]:g}); latitudes are in degrees north."
-            )
-        if name in ("longitude", "lon"):
-            x[:, d] = wrap_longitude(column, centre)
-    return x
-
-
-def checkpoint_statistics(module: Any) -> tuple[dict[str, Stats], list[Stats], list[dict[str, str]]]:
-    """The statistics a checkpoint keeps (``NeuralProcessModule.data_metadata``, ``gridtnp_data``): ``(mean, std)``
-    per context source with one variable, per target output, and the target variables' ``units``/``long_name``."""
-    meta = getattr(module, "data_metadata", None) or {}
-    variables = meta.get("variables", {})
-    sources = {
-        source: (variables[names[0]]["mean"], variables[names[0]]["std"])
-        for source, names in meta.get("sources", {}).items()
-        if len(names) == 1 and names[0] in variables
-    }
-    target_names = [v for v in meta.get("target", []) if v in variables]
-    targets = [(variables[v]["mean"], variables[v]["std"]) for v in target_names]
-    attrs = [{"units": variables[v]["units"], "long_name": variables[v]["long_name"]} for v in target_names]
-    return sources, targets, attrs
-
-
-def longitude_centre(model: torch.nn.Module, coords: Sequence[str]) -> float:
-    """The middle of the longitudes a gridded ``model``'s grid spans (its input named ``longitude`` or ``lon`` in
-    ``coords``): 0 for a global grid, 170 for a box from 140 E to 160 W trained as 140 to 200; 0 without a grid."""
-    grid = getattr(model, "grid", None)
-    d = next((i for i, c in enumerate(coords) if c in ("longitude", "lon")), None)
-    if grid is None or d is None or d >= len(grid.lower):
-        return 0.0
-    return float(grid.lower[d] + grid.upper[d]) / 2.0
-
-
-def _observations(
-    name: str,
-    array: xr.DataArray,
-    coords: Sequence[str],
-    batch_dim: str | None,
-    stats: Stats | None,
-    origin: str,
-    centre: float = 0.0,
-) -> Observations:
-    """One context source ``[B, N, 1]``: ``B`` entries along ``batch_dim`` (or 1), every other element a point.
-
-    Values are normalised with ``stats`` (``origin`` says where they came from, for errors); without statistics,
-    values that look physical (a ``units`` attribute, or mean or std above ``RAW_UNITS``) are refused.
-    """
-    values = array.expand_dims("_task") if batch_dim is None else array.rename({batch_dim: "_task"})
-    values = values.transpose("_task", ...)
-    x = _points(values.isel(_task=0, drop=True), coords, f"context {name!r}", centre)
-    y = values.values.reshape(values.sizes["_task"], -1).astype(np.float64)
-    y[~np.isfinite(y)] = np.nan  # +-inf is missing, like NaN
-    units = str(array.attrs.get("units", "")).strip()
-    has_values = bool(np.isfinite(y).any())
-    if stats is not None:
-        y = (y - stats[0]) / stats[1]
-        if has_values and (abs(np.nanmean(y)) > RAW_UNITS or np.nanstd(y) > RAW_UNITS):
-            raise ConfigError(
-                f"predict: context {name!r} normalised with {origin} (mean {stats[0]:.4g}, std {stats[1]:.4g}) has "
-                f"mean {np.nanmean(y):.4g} and std {np.nanstd(y):.4g}, far from the normalised values the model "
-                "was trained on: are the values in other units, or already normalised (then pass "
-                f"stats={{{name!r}: (0.0, 1.0)}})?"
-            )
-    elif units not in UNITLESS or (has_values and (abs(np.nanmean(y)) > RAW_UNITS or np.nanstd(y) > RAW_UNITS)):
-        if units not in UNITLESS:
-            what = f"has units {units!r}"
-        else:
-            what = f"has values of mean {np.nanmean(y):.4g} and std {np.nanstd(y):.4g}"
-        raise ConfigError(
-            f"predict: context {name!r} {what}: physical units rather than the normalised values the model was "
-            f"trained on, and neither the caller nor the model's checkpoint gives its statistics. Pass "
-            f"stats={{{name!r}: (mean, std)}} (the training statistics, e.g. from "
-            "gridtnp.data.store.normalisation_stats), load a checkpoint trained by gridtnp fit on an ERA5 "
-            "DataModule (it keeps them), or normalise the values yourself."
-        )
-    xs = torch.from_numpy(x).expand(y.shape[0], -1, -1)
-    return Observations(xs, torch.from_numpy(y.astype(np.float32)).unsqueeze(-1))
-
-
-def departures_from_reference(
-    module: Any,
-    context: Mapping[str, xr.DataArray],
-    targets: xr.DataArray | xr.Dataset,
-    coords: Sequence[str],
-    batch_dim: str | None,
-) -> tuple[dict[str, xr.DataArray], np.ndarray]:
-    """For a checkpoint trained on departures from an hourly climatology (``StationReanalysisDataModule
-    climatology: true``): each context array minus the climatology at its time and points, and the target
-    variables' climatology at the targets ``[B, N, Dy]``.
-
-    A gridded source (``coords`` both dimensions of the array) takes the mean of the climatology over each point's
-    cell (half its spacing either side, as a coarse block averages its fine points); other points take the nearest
-    grid point's value. The hour of day comes from a ``time`` coordinate (along ``batch_dim``, or a scalar).
-    """
-    meta = module.data_metadata
-    climatology, sources = meta["climatology"], meta.get("sources", {})
-    if not isinstance(climatology, dict) or "variables" not in climatology:
-        raise ConfigError(
-            "predict: this checkpoint was trained on departures from an hourly climatology but does not keep it (it "
-            "predates gridtnp saving it): predict with `gridtnp predict` and the DataModule, or subtract the "
-            "climatology yourself and pass stats={source: (0.0, std)} and target_stats=(0.0, std)."
-        )
-    grid = (np.asarray(climatology["latitude"]), np.asarray(climatology["longitude"]))
-    fields = {name: np.asarray(field, dtype=np.float64) for name, field in climatology["variables"].items()}
-    first = next(iter(context.values()))
-    time = first.coords.get("time")
-    if time is None or (time.ndim and (batch_dim is None or time.dims != (batch_dim,))):
-        raise ConfigError(
-            "predict: this checkpoint was trained on departures from the hourly climatology of its training dates, "
-            "so the context needs its time: a scalar `time` coordinate, or one along batch_dim "
-            f"({batch_dim!r}), on {next(iter(context))!r}."
-        )
-    hours = utc_times(time.values, f"the time of context {next(iter(context))!r}").hour.to_numpy()  # [B] or [1]
-    lead = [] if batch_dim is None else [batch_dim]
-    out = {}
-    for name, array in context.items():
-        names = sources.get(name, [])
-        if len(names) != 1 or names[0] not in fields:
-            raise ConfigError(f"predict: the checkpoint's climatology has no field for context {name!r} ({names}).")
-        field = fields[names[0]][hours]  # [B, H, W]
-        if all(c in array.dims for c in coords):  # gridded: the mean over each point's cell
-            lat_map, lon_map = (_cell_weights(array[c].values, axis, c) for c, axis in zip(coords, grid, strict=True))
-            reference = xr.DataArray(np.einsum("ih,bhw,jw->bij", lat_map, field, lon_map), dims=["_b", *coords])
-        else:  # points: the nearest grid point's value
-            point_dims = [d for d in array.dims if d not in lead]
-            lat, lon = (np.broadcast_to(array[c].values, [array.sizes[d] for d in point_dims]).ravel() for c in coords)
-            rows, cols = _nearest(lat, lon, grid)
-            values = field[:, rows, cols].reshape(len(hours), *[array.sizes[d] for d in point_dims])
-            reference = xr.DataArray(values, dims=["_b", *point_dims])
-        reference = reference.rename({"_b": batch_dim}) if lead else reference.isel(_b=0)
-        out[name] = (array - reference).transpose(*array.dims).assign_attrs(array.attrs)
-    points = _points(_template(targets, coords), coords, "targets")  # [N, Dx]
-    rows, cols = _nearest(points[:, 0], points[:, 1], grid)
-    target_names = meta.get("target", [])
-    missing = [v for v in target_names if v not in fields]
-    if missing:
-        raise ConfigError(f"predict: the checkpoint's climatology lacks the target variable(s) {missing}.")
-    reference_t = np.stack([fields[v][hours][:, rows, cols] for v in target_names], -1)  # [B or 1, N, Dy]
-    b = first.sizes[batch_dim] if batch_dim is not None else 1
-    return out, np.broadcast_to(reference_t, (b, *reference_t.shape[1:]))
-
-
-def _nearest(lat: np.ndarray, lon: np.ndarray, grid: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Row and column ``[N]`` of the nearest point of the regular ``grid`` (lat, lon) to each point (longitudes mod
-    360)."""
-    snapped = snap_to_grid(pd.DataFrame({"latitude": lat, "longitude": lon}), *grid)
-    return snapped.lat_index, snapped.lon_index
-
-
-def _cell_weights(centres: np.ndarray, axis: np.ndarray, name: str) -> np.ndarray:
-    """``[n, len(axis)]`` weights averaging the points of ``axis`` within half the centres' spacing of each centre
-    (as a coarse block averages its fine points); a lone centre, or one whose cell misses the axis, takes its nearest
-    point."""
-    centres = np.asarray(centres, dtype=np.float64)
-    if name in ("longitude", "lon"):
-        centres = wrap_longitude(centres, (axis.min() + axis.max()) / 2)  # the grid's convention (past 180 too)
-    half = np.abs(np.diff(centres)).min() / 2 if len(centres) > 1 else 0.0
-    inside = (axis[None] >= centres[:, None] - half) & (axis[None] < centres[:, None] + half)
-    nearest = np.abs(axis[None] - centres[:, None]).argmin(1)
-    inside[np.arange(len(centres)), nearest] |= ~inside.any(1)
-    return inside / inside.sum(1, keepdims=True)
-
-
 @torch.no_grad()
 def predict(
     module: torch.nn.Module,
-    context: Mapping[str, xr.DataArray],
+    context: Mapping[str, xr.DataArray | xr.Dataset],
     targets: xr.DataArray | xr.Dataset,
     coords: Sequence[str] = ("latitude", "longitude"),
     stats: Mapping[str, Stats] | None = None,
@@ -417,7 +236,14 @@ def predict(
     units: then context values are in physical units and so is the result, with the target's ``units`` and
     ``long_name``). A checkpoint trained on departures from an hourly climatology (``StationReanalysisDataModule
     climatology: true``) keeps it: without ``stats``, the climatology at the context's ``time`` coordinate is taken
-    off the context and added back to the mean. A module with a fitted variance calibration scales the std.
+    off the context and added back to the mean: over each cell of a gridded source (its extent from CF ``bounds``
+    when the source is a Dataset holding them, else from the spacing of the cell centres around it, partial edge
+    cells included), at the nearest grid point of a point table. A grid with 2-D latitude/longitude coordinates is
+    read as a grid when they form a rectilinear grid; a curvilinear one is refused there. A module with a fitted
+    variance calibration scales the std: by its ``std_scale_observed`` at targets that are context points of the
+    target source (a context station), by ``std_scale`` elsewhere, as ``gridtnp test`` does. A gridded context that
+    leaves more than ``prediction_coverage.UNCOVERED_SHARE`` of the model's domain or of the targets' surroundings
+    without a value is warned of, in one line.
     Targets are decoded ``target_chunk`` points (over all tasks) at a time after one pass over the context, so
     memory stays bounded however many targets there are.
     ``batch_dim`` (e.g. ``"time"``), present on every context array, gives one task per entry. ``module`` is a
@@ -430,6 +256,7 @@ def predict(
     ``RAW_UNITS``), as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
+    context, bounds = gridded_context(context, coords)
     context = check_context(model, context, coords, batch_dim)
     saved, saved_targets, target_attrs = checkpoint_statistics(module)
     climatology = (getattr(module, "data_metadata", None) or {}).get("climatology")
@@ -442,20 +269,22 @@ def predict(
         )
     if climatology and stats is None and target_stats is None:
         # Trained on departures from an hourly climatology: subtract it from the context, add it back to the mean.
-        context, target_reference = departures_from_reference(module, context, targets, coords, batch_dim)
+        context, target_reference = departures_from_reference(module, context, targets, coords, batch_dim, bounds)
         saved = {name: (0.0, std) for name, (_, std) in saved.items()}
         saved_targets = [(0.0, std) for _, std in saved_targets]
     obs, centre = {}, longitude_centre(model, coords)
     for name, array in context.items():
         given = (stats or {}).get(name)
         origin = "the given stats" if given is not None else "the checkpoint's statistics"
-        obs[name] = _observations(name, array, coords, batch_dim, given or saved.get(name), origin, centre)
+        obs[name] = observations(name, array, coords, batch_dim, given or saved.get(name), origin, centre)
     sizes = {o.x.shape[0] for o in obs.values()}
     if len(sizes) != 1:
         raise ConfigError(f"predict: the context sources have different numbers of tasks along {batch_dim!r}: {sizes}.")
     b = sizes.pop()
-    template = _template(targets, coords)
-    xt = torch.from_numpy(_points(template, coords, "targets", centre)).expand(b, -1, -1)
+    spanning = template(targets, coords)
+    target_x = points(spanning, coords, "targets", centre)  # [N, Dx]
+    warn_uncovered(model, context, coords, batch_dim, bounds, target_x, centre)
+    xt = torch.from_numpy(target_x).expand(b, -1, -1)
     device = next(model.parameters()).device
     batch = Batch(obs, Observations(xt)).to(device)
     model.warn_outside_grid(batch.context, batch.target)
@@ -467,8 +296,8 @@ def predict(
         dist = chunked(batch.context, batch.target.x, chunk) if chunked else model(batch.context, batch.target.x)
     finally:
         model.train(was_training)
-    calibrate = getattr(module, "calibrate", None)
-    dist = calibrate(dist) if callable(calibrate) else dist
+    calibrate = getattr(module, "calibrate", None)  # with the batch: context stations get their own scale
+    dist = calibrate(dist, batch) if callable(calibrate) else dist
     mean, std = dist.mean.float().cpu().numpy(), dist.stddev.float().cpu().numpy()  # [B, N, Dy]
     outputs = [target_stats] * mean.shape[-1] if target_stats is not None else saved_targets
     attrs: list[dict[str, str]] = [{}] * mean.shape[-1]
@@ -479,8 +308,8 @@ def predict(
     if target_reference is not None:
         mean = mean + target_reference
     lead = [] if batch_dim is None else [batch_dim]
-    shape = [b] * bool(batch_dim) + [template.sizes[d] for d in template.dims]
-    dims = lead + list(template.dims)
+    shape = [b] * bool(batch_dim) + [spanning.sizes[d] for d in spanning.dims]
+    dims = lead + list(spanning.dims)
     data = {}
     for name, values in (("mean", mean), ("std", std)):
         for j in range(values.shape[-1]):
@@ -490,7 +319,7 @@ def predict(
                 kind = "mean" if name == "mean" else "standard deviation"
                 described["long_name"] = f"predictive {kind} of {described['long_name']}"
             data[key] = (dims, values[..., j].reshape(shape), described)
-    out_coords = {k: v for k, v in template.coords.items() if set(v.dims) <= set(template.dims)}
+    out_coords = {k: v for k, v in spanning.coords.items() if set(v.dims) <= set(spanning.dims)}
     first = next(iter(context.values()))
     if batch_dim is not None and batch_dim in first.coords:
         out_coords[batch_dim] = first[batch_dim].values

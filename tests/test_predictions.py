@@ -13,7 +13,8 @@ import xarray as xr
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Observations
 from gridtnp.cli import GridTNPCLI
-from gridtnp.predictions import _cell_weights, predict, raw_predictions
+from gridtnp.prediction_cells import cell_weights
+from gridtnp.predictions import predict, raw_predictions
 from gridtnp.registry import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,8 @@ def test_predict_writes_station_predictions_with_units_and_provenance(checkpoint
     out = tmp_path / "stations.nc"
     cli(
         "predict", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--predictions.path", str(out),
-        "--data.init_args.batch_size", "48", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--data.init_args.loader.batch_size", "48", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path),
     )  # fmt: skip
     with xr.open_dataset(out) as ds:
@@ -67,8 +69,9 @@ def test_predict_on_a_dense_grid_to_zarr(checkpoint: Path, tmp_path: Path) -> No
     out = tmp_path / "grid.zarr"
     cli(
         "predict", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--predictions.path", str(out),
-        "--data.init_args.predict_resolution", "0.5", "--data.init_args.predict_split", "val",
-        "--data.init_args.batch_size", "60", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--data.init_args.predict.resolution", "0.5", "--data.init_args.predict.split", "val",
+        "--data.init_args.loader.batch_size", "60", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path),
     )  # fmt: skip
     ds = xr.open_dataset(out, engine="zarr")
@@ -83,7 +86,7 @@ def test_zarr_written_batch_by_batch_equals_the_netcdf_written_at_once(checkpoin
     """Zarr predictions are appended ``tasks_per_write`` tasks at a time (bounded memory): the same dataset, values,
     coordinates and attributes, as the NetCDF file written in one go; Lightning keeps no outputs meanwhile."""
     common = [
-        "--config", RECIPE, "--ckpt_path", str(checkpoint), "--data.init_args.batch_size", "7",
+        "--config", RECIPE, "--ckpt_path", str(checkpoint), "--data.init_args.loader.batch_size", "7",
         "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path),
     ]  # fmt: skip
@@ -292,6 +295,6 @@ def test_climatology_cells_of_a_date_line_grid_are_found_from_either_convention(
     cells given at -170 and -160 (or 190 and 200) average the grid points of those cells, not the nearest edge."""
     axis = np.arange(150.0, 200.1, 5.0)
     for centres in (np.array([-170.0, -160.0]), np.array([190.0, 200.0])):
-        weights = _cell_weights(centres, axis, "longitude")
+        weights = cell_weights(centres, axis, "longitude")
         np.testing.assert_array_equal(np.flatnonzero(weights[0]), np.flatnonzero(np.isin(axis, [185.0, 190.0])))
         np.testing.assert_array_equal(np.flatnonzero(weights[1]), np.flatnonzero(np.isin(axis, [195.0, 200.0])))

@@ -1,0 +1,120 @@
+"""How much of the model's domain a user's gridded context leaves without a value, and the warning that says so.
+
+The ERA5 models are trained with the whole box covered by coarse values (partial blocks at every edge, at every
+offset), so a grid trimmed at its edges (``coarsen(..., boundary="trim")``), or with missing (NaN) cells, is an
+input they have not seen. ``predict`` warns in one line when more than ``UNCOVERED_SHARE`` of the model's domain, or
+of the targets' surroundings, is uncovered.
+
+* ``uncovered_shares(axes, finite, region, targets, bounds)``: the largest share over tasks of the ``region``, and of
+  the part of it within one cell of a target, that no cell with a value covers.
+* ``warn_uncovered(model, context, coords, batch_dim, bounds, targets, centre)``: the warning, per gridded source.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from gridtnp.data.layout import wrap_longitude
+from gridtnp.prediction_cells import LONGITUDES, Bounds, cell_edges, is_gridded
+
+#: ``predict`` warns when a gridded context leaves more than this share of the model's domain, or of the targets'
+#: surroundings, without a value.
+UNCOVERED_SHARE = 0.01
+#: Sample points of the domain, all dimensions together, at which coverage is read.
+SAMPLES = 2**14
+
+
+def uncovered_shares(
+    axes: Sequence[np.ndarray],
+    finite: np.ndarray,
+    region: tuple[np.ndarray, np.ndarray],
+    targets: np.ndarray,
+    bounds: Sequence[np.ndarray | None] | None = None,
+) -> tuple[float, float]:
+    """The largest share over tasks of ``region = (lower [d], upper [d])``, and of its part within one cell of a
+    target (``targets [N, d]``), that no cell with a value covers; cells are centred at ``axes`` (``d`` arrays
+    ``[n_k]``), ``finite [B, n_1, ..., n_d]`` says which hold a value, ``bounds`` their CF bounds (``[n_k, 2]``)."""
+    d = len(axes)
+    m = max(8, round(SAMPLES ** (1 / d)))
+    lower, upper = (np.asarray(r, dtype=np.float64) for r in region)
+    step = (upper - lower) / m
+    index, has, width = [], [], []
+    for k, centres in enumerate(axes):
+        low, high = cell_edges(centres, None if bounds is None else bounds[k])
+        samples = lower[k] + (np.arange(m) + 0.5) * step[k]
+        inside = (samples[None] >= low[:, None]) & (samples[None] < high[:, None])  # [n_k, m]
+        index.append(inside.argmax(0))
+        has.append(inside.any(0))
+        width.append(float(np.median(high - low)) if len(centres) else 0.0)
+    covered = finite[(slice(None), *np.ix_(*index))]  # [B, m, ..., m]
+    for k in range(d):
+        covered = covered & has[k].reshape([1] * (k + 1) + [m] + [1] * (d - k - 1))
+    domain = float(1.0 - covered.reshape(len(covered), -1).mean(1).max()) if len(covered) else 0.0
+    near = np.zeros((m,) * d, dtype=bool)  # sample points within one cell of a target
+    cell = np.floor((targets - lower) / np.where(step > 0, step, 1.0)).astype(np.int64)  # [N, d]
+    ok = np.all((cell >= 0) & (cell < m), axis=1)
+    near[tuple(cell[ok].T)] = True
+    for k in range(d):
+        reach = math.ceil(width[k] / step[k]) if step[k] > 0 else 0
+        grown = near.copy()
+        for shift in range(1, min(reach, m) + 1):
+            ahead = [slice(None)] * d
+            behind = [slice(None)] * d
+            ahead[k], behind[k] = slice(shift, None), slice(None, -shift)
+            grown[tuple(ahead)] |= near[tuple(behind)]
+            grown[tuple(behind)] |= near[tuple(ahead)]
+        near = grown
+    if not near.any():
+        return domain, 0.0
+    gaps = (~covered & near).reshape(len(covered), -1).sum(1) / near.sum()
+    return domain, float(gaps.max())
+
+
+def warn_uncovered(
+    model: torch.nn.Module,
+    context: Mapping[str, xr.DataArray],
+    coords: Sequence[str],
+    batch_dim: str | None,
+    bounds: Bounds,
+    targets: np.ndarray,
+    centre: float = 0.0,
+) -> None:
+    """Warn, one line per gridded source, when it leaves more than ``UNCOVERED_SHARE`` of the model's domain (its
+    grid's box; without a grid, the source's own extent) or of the targets' (``[N, Dx]``) surroundings uncovered."""
+    grid = getattr(model, "grid", None)
+    for name, array in context.items():
+        if not is_gridded(array, coords) or any(array.sizes[c] < 2 for c in coords):
+            continue
+        axes = []
+        for c in coords:
+            values = array[c].values.astype(np.float64)
+            if c in LONGITUDES:
+                values = np.unwrap(wrap_longitude(values, centre), period=360.0)
+            axes.append(values)
+        given = bounds.get(name, {})
+        edges = [given.get(c) for c in coords]
+        values = array.transpose(*([batch_dim] if batch_dim else []), *coords).values
+        finite = np.isfinite(values.reshape(-1, *values.shape[-len(coords) :]))
+        if grid is not None and len(grid.lower) == len(coords):
+            region = (np.asarray(grid.lower, dtype=np.float64), np.asarray(grid.upper, dtype=np.float64))
+            where = "the model's domain"
+        else:
+            cells = [cell_edges(a, e) for a, e in zip(axes, edges, strict=True)]
+            region = (np.array([c[0].min() for c in cells]), np.array([c[1].max() for c in cells]))
+            where = f"the extent of {name!r}"
+        domain, around = uncovered_shares(axes, finite, region, targets, edges)
+        if max(domain, around) > UNCOVERED_SHARE:
+            warnings.warn(
+                f"predict: the gridded context {name!r} leaves {domain:.1%} of {where} and {around:.1%} of the "
+                "targets' surroundings (within one cell of a target) without a value (a grid trimmed at its edges, or "
+                "missing cells); the model was trained with its whole domain covered, so predictions lose accuracy "
+                "there and near it: keep the partial cells at the grid's edges and fill what you can (docs/predict.md, "
+                "'The grid the model expects').",
+                stacklevel=4,  # the caller of predict (through torch.no_grad)
+            )
