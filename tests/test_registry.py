@@ -140,3 +140,22 @@ def test_a_stale_table_is_found_and_rewritten(tmp_path, capsys):
     assert text.startswith("Text.\n\n<!-- gridtnp list --markdown shared -->\n| kind |") and text.endswith("More.\n")
     assert all(f"| `{kind}` |" in text for kind, settings in SHARED.items() if settings)
     main(["list", "--docs", str(page), "--check"])  # now in step
+
+
+def test_a_recipe_names_its_datamodule_by_registry_name(tmp_path):
+    """``data: {class_path: synthetic}``: the registry name stands for the class's import path."""
+    from pathlib import Path
+
+    import yaml
+
+    from gridtnp.cli import GridTNPCLI
+    from gridtnp.cli.recipe_names import datamodule_path
+
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "gp1d_cnp.yaml").read_text())
+    recipe["data"]["class_path"] = "synthetic"
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    cli = GridTNPCLI(args=["--config", str(tmp_path / "recipe.yaml"), *quiet], run=False)
+    assert type(cli.datamodule) is get("datamodule", "synthetic")
+    assert datamodule_path("era5_stations").endswith(".StationReanalysisDataModule")
+    assert datamodule_path("my_package.MyDataModule") == "my_package.MyDataModule"  # import paths pass unchanged

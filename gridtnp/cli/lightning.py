@@ -60,8 +60,11 @@ class GridTNPCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", trainer_defaults())
         kwargs.setdefault("save_config_callback", SaveConfig)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        # Raise instead of printing the usage text first: main() turns the error into one line with a hint.
-        no_exit = {"exit_on_error": False}
+        # Raise instead of printing the usage text first: main() turns the error into one line with a hint. Recipes
+        # may name their DataModule by registry name (gridtnp.cli.recipe_names).
+        from gridtnp.cli.recipe_names import RECIPE_MODE
+
+        no_exit = {"exit_on_error": False, "parser_mode": RECIPE_MODE}
         kwargs.setdefault(
             "parser_kwargs", {**no_exit, **{sub: no_exit for sub in ("fit", "validate", "test", "predict")}}
         )
