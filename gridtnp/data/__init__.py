@@ -2,8 +2,9 @@
 
 ``SyntheticDataModule``, ``Task``, ``sample_path`` (the embedded data), ``StationReanalysisDataModule`` and
 ``MultiSourceDataModule`` (``gridtnp.data.era5``, with xarray and dask) are imported on first access, so
-``gridtnp.data.prepare`` loads without torch and Lightning. The registry imports the modules that register the
-tasks the first time it is asked for a component (``gridtnp.registry``).
+``gridtnp.data.prepare`` loads without torch and Lightning: they are the public import paths recipes name
+(``class_path: gridtnp.data.StationReanalysisDataModule``). Registration is not done here: the registry's first
+lookup imports the task and DataModule modules (``gridtnp.import_components``).
 """
 
 from __future__ import annotations
