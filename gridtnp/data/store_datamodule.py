@@ -151,18 +151,13 @@ class StoreDataModule(TaskDataModule):
         """Prepare the embedded sample into the cache once (statistics over ``train_dates``), unless ``store``."""
         if self.store is not None:
             return
-        from gridtnp.data.prepare import prepare
-        from gridtnp.data.sample import ERA5_SAMPLE, sample_path
+        from gridtnp.data.sample.store import write_sample_store
 
         out = Path(self.store_path())
         if out.exists():
             return
         out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            prepare([sample_path(ERA5_SAMPLE)], out, None, *self.dates["train"], progress=False)
-        except DataError:
-            if not out.exists():  # another process finished first otherwise
-                raise
+        write_sample_store(out, self.dates["train"])
 
     def open(self, variables: Sequence[str]) -> xr.Dataset:
         """The store (prepared first if it is the sample), lazily (xarray's backend arrays, no dask), with
