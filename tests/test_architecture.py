@@ -113,6 +113,21 @@ def test_layers_do_not_import_upwards():
     assert not offenders, offenders
 
 
+def test_discovery_is_by_import_not_by_a_list_of_module_names():
+    """The registry imports nothing of gridtnp and no module by a name held in a string: packages register what they
+    define when imported (the top package imports them on the first lookup), plugins through entry points."""
+    registry = PACKAGE / "registry.py"
+    assert not [m for m, _ in imports(registry)], "gridtnp.registry imports gridtnp modules"
+    calls = [
+        node
+        for node in ast.walk(ast.parse(registry.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("import_module", "__import__")
+    ]
+    assert not calls, "gridtnp.registry imports modules by name"
+    top = {name for name, _ in imports(PACKAGE / "__init__.py")} | set(import_graph()["gridtnp"])
+    assert {"gridtnp.nn", "gridtnp.models"} <= top, "gridtnp/__init__.py imports the component packages statically"
+
+
 def test_no_file_over_the_line_limit():
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files over {MAX_LINES} lines: {long}"
