@@ -7,7 +7,10 @@ of the targets' surroundings, is uncovered.
 
 * ``uncovered_shares(axes, finite, region, targets, bounds)``: the largest share over tasks of the ``region``, and of
   the part of it within one cell of a target, that no cell with a value covers.
-* ``warn_uncovered(model, context, coords, batch_dim, bounds, targets, centre)``: the warning, per gridded source.
+* ``warn_uncovered(model, context, coords, batch_dim, bounds, targets, centre)``: the warning, per gridded source
+  of ``predict``'s xarray context.
+* ``warn_uncovered_batch(model, context, target)``: the same for the first task of a batch of tensors (``gridtnp
+  predict``): a source whose points lie on a lattice (its distinct coordinates along each input) is read as a grid.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ import numpy as np
 import torch
 import xarray as xr
 
+from gridtnp.batch import Observations
 from gridtnp.data.layout import wrap_longitude
 from gridtnp.prediction_cells import LONGITUDES, Bounds, cell_edges, is_gridded
 
 #: ``predict`` warns when a gridded context leaves more than this share of the model's domain, or of the targets'
 #: surroundings, without a value.
 UNCOVERED_SHARE = 0.01
+#: A batch's source is read as a grid when its points fill at least this share of the lattice of their coordinates.
+LATTICE_FILLED = 0.75
 #: Sample points of the domain, all dimensions together, at which coverage is read.
 SAMPLES = 2**14
 
@@ -87,7 +93,6 @@ def warn_uncovered(
 ) -> None:
     """Warn, one line per gridded source, when it leaves more than ``UNCOVERED_SHARE`` of the model's domain (its
     grid's box; without a grid, the source's own extent) or of the targets' (``[N, Dx]``) surroundings uncovered."""
-    grid = getattr(model, "grid", None)
     for name, array in context.items():
         if not is_gridded(array, coords) or any(array.sizes[c] < 2 for c in coords):
             continue
@@ -101,20 +106,50 @@ def warn_uncovered(
         edges = [given.get(c) for c in coords]
         values = array.transpose(*([batch_dim] if batch_dim else []), *coords).values
         finite = np.isfinite(values.reshape(-1, *values.shape[-len(coords) :]))
-        if grid is not None and len(grid.lower) == len(coords):
-            region = (np.asarray(grid.lower, dtype=np.float64), np.asarray(grid.upper, dtype=np.float64))
-            where = "the model's domain"
-        else:
-            cells = [cell_edges(a, e) for a, e in zip(axes, edges, strict=True)]
-            region = (np.array([c[0].min() for c in cells]), np.array([c[1].max() for c in cells]))
-            where = f"the extent of {name!r}"
-        domain, around = uncovered_shares(axes, finite, region, targets, edges)
-        if max(domain, around) > UNCOVERED_SHARE:
-            warnings.warn(
-                f"predict: the gridded context {name!r} leaves {domain:.1%} of {where} and {around:.1%} of the "
-                "targets' surroundings (within one cell of a target) without a value (a grid trimmed at its edges, or "
-                "missing cells); the model was trained with its whole domain covered, so predictions lose accuracy "
-                "there and near it: keep the partial cells at the grid's edges and fill what you can (docs/predict.md, "
-                "'The grid the model expects').",
-                stacklevel=4,  # the caller of predict (through torch.no_grad)
-            )
+        region, where = _region(model, name, axes, edges)
+        _warn(name, where, *uncovered_shares(axes, finite, region, targets, edges))
+
+
+def warn_uncovered_batch(model: torch.nn.Module, context: Mapping[str, Observations], target: Observations) -> None:
+    """``warn_uncovered`` for the first task of a batch: each source whose valid points ``x [N, Dx]`` fill at least
+    ``LATTICE_FILLED`` of the lattice of their distinct coordinates is a grid (stations, or a multi-source task's
+    random share of the points, fill a small share of theirs)."""
+    targets = target.x[0][target.mask[0]].detach().double().cpu().numpy()
+    for name, obs in context.items():
+        x = obs.x[0][obs.valid()[0]].detach().double().cpu().numpy()  # [N, Dx]
+        if len(x) < 4:
+            continue
+        axes, where_on = zip(*(np.unique(x[:, k], return_inverse=True) for k in range(x.shape[1])), strict=True)
+        sizes = [len(a) for a in axes]
+        if min(sizes) < 2 or np.prod(sizes, dtype=np.float64) > len(x) / LATTICE_FILLED:
+            continue
+        finite = np.zeros((1, *sizes), dtype=bool)
+        finite[(0, *where_on)] = True
+        region, where = _region(model, name, axes, [None] * len(axes))
+        _warn(name, where, *uncovered_shares(list(axes), finite, region, targets), stacklevel=3)
+
+
+def _region(
+    model: torch.nn.Module, name: str, axes: Sequence[np.ndarray], edges: Sequence[np.ndarray | None]
+) -> tuple[tuple[np.ndarray, np.ndarray], str]:
+    """The box coverage is read over: the model's grid, or without one (of that dimension) the source's cells."""
+    grid = getattr(model, "grid", None)
+    if grid is not None and len(grid.lower) == len(axes):
+        box = (np.asarray(grid.lower, dtype=np.float64), np.asarray(grid.upper, dtype=np.float64))
+        return box, "the model's domain"
+    cells = [cell_edges(a, e) for a, e in zip(axes, edges, strict=True)]
+    return (np.array([c[0].min() for c in cells]), np.array([c[1].max() for c in cells])), f"the extent of {name!r}"
+
+
+def _warn(name: str, where: str, domain: float, around: float, stacklevel: int = 4) -> None:
+    """The one-line warning, when either share exceeds ``UNCOVERED_SHARE`` (``stacklevel`` 4: the caller of
+    ``predict``, through ``torch.no_grad``)."""
+    if max(domain, around) > UNCOVERED_SHARE:
+        warnings.warn(
+            f"predict: the gridded context {name!r} leaves {domain:.1%} of {where} and {around:.1%} of the "
+            "targets' surroundings (within one cell of a target) without a value (a grid trimmed at its edges, or "
+            "missing cells); the model was trained with its whole domain covered, so predictions lose accuracy "
+            "there and near it: keep the partial cells at the grid's edges and fill what you can (docs/predict.md, "
+            "'The grid the model expects').",
+            stacklevel=stacklevel,
+        )

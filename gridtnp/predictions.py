@@ -35,7 +35,7 @@ from gridtnp.files import check_output, remove_path, replace_path, replacing
 from gridtnp.models.neural_process import TARGET_CHUNK
 from gridtnp.prediction_cells import gridded_context
 from gridtnp.prediction_climatology import departures_from_reference
-from gridtnp.prediction_coverage import warn_uncovered
+from gridtnp.prediction_coverage import warn_uncovered, warn_uncovered_batch
 from gridtnp.prediction_inputs import (
     RAW_UNITS,
     UNITLESS,
@@ -112,6 +112,8 @@ class PredictionWriter(BasePredictionWriter):
         self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
+        if batch_idx == 0 and dataloader_idx == 0 and isinstance(batch, Batch):  # the check predict makes
+            warn_uncovered_batch(getattr(pl_module, "model", pl_module), batch.context, batch.target)
         self._pending.append(prediction)
         streamed = self.output_path(trainer).suffix == ".zarr" and self._convert(trainer) is not None
         if streamed and sum(len(o["mean"]) for o in self._pending) >= self.tasks_per_write:

@@ -10,6 +10,7 @@ other, so a context station given the held-out scale (or the reverse) shows.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.cli import GridTNPCLI
 from gridtnp.data import sample_path
+from gridtnp.prediction_coverage import warn_uncovered_batch
 from gridtnp.predictions import predict
 
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter:UserWarning")
 ROOT = Path(__file__).resolve().parents[1]
 SCALE, SCALE_OBSERVED = 1.7, 0.3
 SMALL = {  # the recipes' models made small (the rest of each spec as the recipe has it)
@@ -129,7 +132,10 @@ def test_predict_equals_the_module_path_on_station_tasks(name: str, cache: Path)
         context_x = stations.x[b][stations.mask[b]].numpy()
         target_x = batch.target.x[b][batch.target.mask[b]].numpy()
         context = {"grid": coarse_blocks(field, factor, offset), "stations": at_points(field, context_x)}
-        got = predict(module, context, at_points(field, target_x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the DataModule's grid covers the model's domain: no warning
+            got = predict(module, context, at_points(field, target_x))
+            warn_uncovered_batch(module.model, batch.context, batch.target)  # nor through gridtnp predict
         is_context = out["is_context"][b][batch.target.mask[b]].numpy()
         want_mean = expected["mean"].values[b][batch.target.mask[b].numpy()]
         want_std = expected["std"].values[b][batch.target.mask[b].numpy()]
@@ -164,6 +170,9 @@ def test_predict_equals_the_module_path_on_multisource_tasks(cache: Path) -> Non
         context = {"t2m": table(source.x[b][source.mask[b]].numpy())}
         valid = batch.target.mask[b].numpy()
         targets = table(batch.target.x[b].numpy()[valid])
-        got = predict(module, context, targets, coords=("hour", "latitude", "longitude"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # scattered points, not a grid: no coverage warning
+            got = predict(module, context, targets, coords=("hour", "latitude", "longitude"))
+            warn_uncovered_batch(module.model, batch.context, batch.target)
         np.testing.assert_allclose(got["mean"].values, out["mean"][b, valid, 0].numpy() * std + mean, rtol=1e-5)
         np.testing.assert_allclose(got["std"].values, out["std"][b, valid, 0].numpy() * std, rtol=1e-5)

@@ -11,8 +11,10 @@ import torch
 import xarray as xr
 
 from gridtnp import NeuralProcessModule
+from gridtnp.batch import Observations
 from gridtnp.prediction_cells import cell_edges, cell_weights
 from gridtnp.prediction_climatology import departures_from_reference
+from gridtnp.prediction_coverage import warn_uncovered_batch
 from gridtnp.predictions import predict
 from gridtnp.registry import ConfigError
 
@@ -132,8 +134,16 @@ def test_a_trimmed_grid_is_warned_of_in_one_line_and_the_whole_grid_is_not() -> 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             predict(module, {"grid": grid.assign_attrs(KELVIN), "stations": stations}, stations)
+            # The same check on tensors, as gridtnp predict makes it (PredictionWriter, first batch).
+            lat, lon = np.meshgrid(grid.latitude.values, grid.longitude.values, indexing="ij")
+            cells = np.stack([lat, lon], -1)[np.isfinite(grid.values)]  # [G, 2] the cells with a value
+            xs = np.stack([stations.latitude.values, stations.longitude.values], -1)
+            grid_x = torch.tensor(cells[None], dtype=torch.float32)
+            context = {"grid": Observations(grid_x, torch.zeros(1, len(cells), 1))}
+            warn_uncovered_batch(module.model, context, Observations(torch.tensor(xs[None], dtype=torch.float32)))
         lines = [str(w.message) for w in caught if "without a value" in str(w.message)]
-        assert len(lines) == int(warned), lines
+        assert len(lines) == 2 * int(warned), lines
         if warned:
             assert "\n" not in lines[0] and "of the model's domain" in lines[0]
             assert "predictions lose accuracy" in lines[0]
+            assert lines[0] == lines[1]  # the same shares from the tensors
