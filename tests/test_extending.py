@@ -229,7 +229,7 @@ def test_datamodule_example_trains_and_offers_its_optional_attributes(registry, 
 
     # The optional attributes it offers are found where gridtnp looks, and switch on what they should.
     offered = [name for name in OPTIONAL_ATTRIBUTES if optional(data, name) is not None]
-    assert offered == ["dim_x", "dim_y", "variable_metadata", "predictions_to_xarray", "geographic"]
+    assert offered == ["dim_x", "dim_y", "variable_metadata", "predictions_to_xarray", "geographic", "batch_size"]
     assert is_geographic(data)
     for dim_x, dim_y in ((1, {"stations": 1}), (2, {"points": 1}), (2, {"stations": 2})):
         wrong = NeuralProcessModule(preset="tnp", dim=16, dim_x=dim_x, dim_y=dim_y, processor=ONE_LAYER)
