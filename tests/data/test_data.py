@@ -12,10 +12,10 @@ import torch
 from gridtnp.batch import DEFAULT_SOURCE, Batch
 from gridtnp.data import SyntheticDataModule
 from gridtnp.data.datamodules import FixedTaskSet, TrainTaskStream
-from gridtnp.data.gp import GP1D, GP2D, GP2DMultimodal
-from gridtnp.data.gp_kernels import SKI_MARGIN, SKIGrid, mixed_kernel_matrix, predictive_loglik
-from gridtnp.data.sawtooth import Sawtooth2DRestricted, sawtooth
 from gridtnp.data.sections import from_flat_arguments
+from gridtnp.data.synthetic.gp import GP1D, GP2D, GP2DMultimodal
+from gridtnp.data.synthetic.gp_kernels import SKI_MARGIN, SKIGrid, mixed_kernel_matrix, predictive_loglik
+from gridtnp.data.synthetic.sawtooth import Sawtooth2DRestricted, sawtooth
 from gridtnp.registry import ConfigError, build_from_spec
 
 # Small configurations of every registered task, so the whole file stays fast.

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from gridtnp.batch import Observations
-from gridtnp.data.gp1d_multimodal import GP1DMultimodal, hadamard_covariance
 from gridtnp.data.sections import from_flat_arguments
+from gridtnp.data.synthetic.gp1d_multimodal import GP1DMultimodal, hadamard_covariance
 from gridtnp.models import build_model
 from gridtnp.registry import ConfigError, build_from_spec
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from gridtnp.batch import DEFAULT_SOURCE, Batch, Observations, declare_extras
-from gridtnp.data.gp_kernels import (
+from gridtnp.data.synthetic.gp_kernels import (
     KERNELS,
     SKI_MARGIN,
     SKIGrid,

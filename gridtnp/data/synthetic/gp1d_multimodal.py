@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gridtnp.batch import Batch, Observations
-from gridtnp.data.gp_kernels import jittered_cholesky, joint_predictive_loglik
+from gridtnp.data.synthetic.gp_kernels import jittered_cholesky, joint_predictive_loglik
 from gridtnp.data.tasks import check_positive, check_range, check_sizes, random_sizes, uniform, zero_padding
 from gridtnp.registry import ConfigError, register
 
