@@ -422,7 +422,7 @@ class NeuralProcessModule(L.LightningModule):
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 
     def on_fit_start(self) -> None:
-        report_training_scale(self.trainer, self.lr)
+        report_training_scale(self.trainer, self.lr, optional(self.trainer.datamodule, "batch_size"))
         describe = optional(self.trainer.datamodule, "describe")
         line = describe() if callable(describe) and self.trainer.is_global_zero else None
         if line:

@@ -6,16 +6,14 @@ from typing import Any
 
 import lightning as L
 
-from gridtnp.data.contract import optional
 
-
-def training_scale(trainer: L.Trainer, lr: float | None = None) -> dict[str, Any]:
-    """World size, tasks per optimiser step and learning rate of a run set up by ``trainer``.
+def training_scale(trainer: L.Trainer, lr: float | None = None, batch_size: int | None = None) -> dict[str, Any]:
+    """World size, tasks per optimiser step and learning rate of a run set up by ``trainer`` (``batch_size``: the
+    DataModule's tasks per batch, its optional ``batch_size`` hook; None: not reported).
 
     DDP averages gradients over ranks, so one optimiser step sees ``batch_size x world_size x accumulate_grad_batches``
     tasks at the configured learning rate (gridtnp does not rescale it with the batch size).
     """
-    batch_size = optional(trainer.datamodule, "batch_size")
     accumulate = int(trainer.accumulate_grad_batches)
     scale: dict[str, Any] = {
         "world_size": int(trainer.world_size),
@@ -32,9 +30,9 @@ def training_scale(trainer: L.Trainer, lr: float | None = None) -> dict[str, Any
     return scale
 
 
-def report_training_scale(trainer: L.Trainer, lr: float | None = None) -> dict[str, Any]:
+def report_training_scale(trainer: L.Trainer, lr: float | None = None, batch_size: int | None = None) -> dict[str, Any]:
     """Print the scale on global rank 0 and add it to every logger's hyperparameters; returns it."""
-    scale = training_scale(trainer, lr)
+    scale = training_scale(trainer, lr, batch_size)
     if trainer.is_global_zero:
         tasks = (
             f"effective batch size {scale['effective_batch_size']} tasks per step "
