@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from harness import command_line, device_name, git_commit, repo_env, write_table  # noqa: E402
 
 from gridtnp.data import MultiSourceDataModule, StationReanalysisDataModule  # noqa: E402
-from gridtnp.data.inputs import auto_time_chunk  # noqa: E402
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR  # noqa: E402
+from gridtnp.data.prepare.inputs import auto_time_chunk  # noqa: E402
 from gridtnp.data.sections import from_flat_arguments  # noqa: E402
 
 

@@ -22,7 +22,7 @@ def _malloc_left_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process ``gridtnp data prepare`` calls leave this process's malloc settings as they are: the command sets
     them for its own process (``gridtnp.data.freed_memory``), which here would be every later test's.
     ``tests/data/test_freed_memory.py`` runs the command in a fresh interpreter."""
-    monkeypatch.setattr("gridtnp.data.prepare.keep_freed_memory", lambda: False)
+    monkeypatch.setattr("gridtnp.data.prepare.command.keep_freed_memory", lambda: False)
 
 
 def random_context(b: int = 3, n: int = 12, dim_x: int = 1, dim_y: int = 1, p_valid: float = 0.7) -> Observations:

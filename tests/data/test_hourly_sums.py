@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from gridtnp.data import writer
-from gridtnp.data.writer import HourlySums, _Moments
+from gridtnp.data.prepare import writer
+from gridtnp.data.prepare.writer import HourlySums, _Moments
 
 
 def _data(steps: int = 24 * 5) -> xr.Dataset:

@@ -16,14 +16,14 @@ import zarr
 
 from gridtnp.cli import main
 from gridtnp.data import sample_path
-from gridtnp.data.append import append as prepare_append
-from gridtnp.data.inputs import _step_chunks
 from gridtnp.data.layout import STATS_ATTR, DataError, normalise
 from gridtnp.data.prepare import prepare
+from gridtnp.data.prepare.append import append as prepare_append
+from gridtnp.data.prepare.inputs import _step_chunks
+from gridtnp.data.prepare.writer import BlockReader
 from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
 from gridtnp.data.stations import read_stations, snap_to_grid
 from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, select
-from gridtnp.data.writer import BlockReader
 from gridtnp.registry import ConfigError
 
 TRAIN = ("2019-03-01", "2019-03-21")
@@ -378,7 +378,7 @@ def test_snap_to_grid_matches_brute_force_nearest(lat_axis: np.ndarray, lon_axis
 def test_automatic_time_chunks_keep_chunks_small_for_random_access() -> None:
     import dask.array as da
 
-    from gridtnp.data.inputs import auto_time_chunk
+    from gridtnp.data.prepare.inputs import auto_time_chunk
 
     def grid(*shape: int) -> xr.Dataset:
         dims = (

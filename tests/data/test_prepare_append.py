@@ -11,10 +11,10 @@ import pytest
 import xarray as xr
 
 from gridtnp.cli import main
-from gridtnp.data.append import append
 from gridtnp.data.climatology import CLIMATOLOGY_GROUP
 from gridtnp.data.layout import STATS_ATTR, DataError
 from gridtnp.data.prepare import prepare
+from gridtnp.data.prepare.append import append
 
 
 def write(path: Path, start: int, stop: int) -> Path:

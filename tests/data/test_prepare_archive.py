@@ -14,10 +14,10 @@ import pytest
 import xarray as xr
 
 from gridtnp.cli import main
-from gridtnp.data.append import append
 from gridtnp.data.archive import resolve
 from gridtnp.data.layout import STATS_ATTR, DataError
 from gridtnp.data.prepare import data_main, prepare
+from gridtnp.data.prepare.append import append
 from gridtnp.data.store import open_store
 from tests.http_server import LocalHTTPServer
 
@@ -292,7 +292,7 @@ def century_archive(
 def test_an_archive_is_cut_before_it_is_chunked(tmp_path: Path) -> None:
     """A century of hourly steps, metadata only: a day of one level of it opens as a task graph of that day, not of
     the whole axis (which took minutes and gigabytes for ARCO-ERA5's 1.3 M steps)."""
-    from gridtnp.data.inputs import Selection, open_sources
+    from gridtnp.data.prepare.inputs import Selection, open_sources
 
     path = tmp_path / "century.zarr"
     century_archive(path, "1950-01-01", LAT, LON, {"u_component_of_wind": True})

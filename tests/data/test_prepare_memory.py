@@ -14,13 +14,13 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from gridtnp.data.inputs import NETCDF_CHUNK_CACHE
+from gridtnp.data.prepare.inputs import NETCDF_CHUNK_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 # VmHWM, not getrusage's ru_maxrss: the latter keeps the high-water mark of the parent (pytest) across fork and exec.
 PEAK = """
 import json, sys
-from gridtnp.data import prepare as module
+from gridtnp.data.prepare import pipeline as module
 from gridtnp.data.freed_memory import keep_freed_memory
 
 keep_freed_memory()  # as the command does

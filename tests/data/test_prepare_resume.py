@@ -17,8 +17,8 @@ import xarray as xr
 
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, CLIMATOLOGY_GROUP
 from gridtnp.data.layout import STATS_ATTR
-from gridtnp.data.prepare import partial_path, prepare
-from gridtnp.data.writer import STATE
+from gridtnp.data.prepare.pipeline import partial_path, prepare
+from gridtnp.data.prepare.writer import STATE
 
 ROOT = Path(__file__).resolve().parents[2]
 HOURS = 60
@@ -52,7 +52,7 @@ def same_store(a: Path, b: Path) -> None:
 
 KILLER = """
 import os, signal
-from gridtnp.data import writer
+from gridtnp.data.prepare import writer
 from gridtnp.data.prepare import prepare
 save = writer.save_state
 def save_then_die(store, fingerprint, done, *rest):

@@ -4,7 +4,7 @@ The new inputs are opened, normalised and cut like a prepare's (same variables, 
 their steps after the store's last one appended along time, chunked as the store is. The statistics (and the
 climatology) are kept, as the training period they describe is unchanged, or recomputed from the extended store
 with ``recompute_stats`` (over ``train_start``/``train_end``, default the recorded period). A killed append resumes
-when rerun with the same arguments (the checkpoint of ``gridtnp.data.writer`` inside the store).
+when rerun with the same arguments (the checkpoint of ``gridtnp.data.prepare.writer`` inside the store).
 
 * ``append(inputs, store, ...)``: do it, return the store's path.
 """
@@ -25,11 +25,11 @@ import xarray as xr
 
 from gridtnp.data.archive import parse_region
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, write_climatology
-from gridtnp.data.input_checks import check_jobs, warn_time_gaps
-from gridtnp.data.inputs import Selection, axis_summary, open_sources
 from gridtnp.data.layout import PROVENANCE_ATTR, STATS_ATTR, DataError, iso, select_time
-from gridtnp.data.output_store import as_written, finish_store, is_prepared_store, stats_attr
-from gridtnp.data.writer import STATE, clear_state, save_state, state_matches, write_blocks
+from gridtnp.data.prepare.input_checks import check_jobs, warn_time_gaps
+from gridtnp.data.prepare.inputs import Selection, axis_summary, open_sources
+from gridtnp.data.prepare.output_store import as_written, finish_store, is_prepared_store, stats_attr
+from gridtnp.data.prepare.writer import STATE, clear_state, save_state, state_matches, write_blocks
 
 
 def append(

@@ -1,7 +1,8 @@
 """Opening ``gridtnp data prepare``'s inputs: local NetCDF / GRIB / Zarr files and Zarr stores at a URL.
 
 * ``open_sources(paths, variables, time_chunk, selection)``: the inputs (cut by a ``Selection``: dates, region,
-  levels, archive names) normalised and checked (``gridtnp.data.input_checks``) and combined into one lazy dataset;
+  levels, archive names) normalised and checked (``gridtnp.data.prepare.input_checks``) and combined into one lazy
+  dataset;
   ``open_source(path)``: one input as stored; ``open_remote_zarr(url)``: a Zarr store through fsspec.
 * ``auto_time_chunk(ds)``: the default time steps per chunk; ``space_chunks``: the spatial chunking of a regional
   store; ``netcdf_chunk_cache``: netCDF's per-variable chunk cache bounded while the inputs are open.
@@ -23,8 +24,8 @@ import pandas as pd
 import xarray as xr
 
 from gridtnp.data.archive import NAMES, Pick, level_indices, raw_variables, resolve, select_part, valid_dates
-from gridtnp.data.input_checks import check_units, normalise_checked
 from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, date_bounds, iso
+from gridtnp.data.prepare.input_checks import check_units, normalise_checked
 from gridtnp.files import is_url
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
