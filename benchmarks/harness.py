@@ -215,20 +215,33 @@ def repo_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
+def short_commit(folder: Path) -> str | None:
+    """The short commit of the git checkout whose top level is ``folder`` (not of a checkout around it), or None."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel", "--short", "HEAD"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != Path(folder).resolve():
+        return None
+    return lines[1]
+
+
 def git_commit() -> str:
     """Short commit hash, with ``+dirty`` for uncommitted changes to tracked files (other than result files and
     documentation, which change no measured code); or why there is none."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unavailable (no git)"
-    if head.returncode != 0:
-        return "unavailable (not a git checkout, or no commits yet)"
+    head = short_commit(ROOT)
+    if head is None:
+        return "unavailable (not a git checkout of its own, or no commits yet)"
     paths = ["--", ".", ":(exclude)benchmarks/results", ":(exclude)docs", ":(exclude)*.md"]
     diff = subprocess.run(["git", "diff", "--quiet", "HEAD", *paths], cwd=ROOT, capture_output=True, timeout=10)
-    return head.stdout.strip() + ("+dirty" if diff.returncode else "")
+    return head + ("+dirty" if diff.returncode else "")
 
 
 def cpu_info() -> dict[str, str]:

@@ -418,6 +418,8 @@ def run_child(args: argparse.Namespace, side: str, model: str, kind: str, nc: in
             return json.loads(line[7:])
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
     err = "out of memory (killed)" if proc.returncode in (-9, 137) else " | ".join(tail)
+    for path, name in ((args.reference, "CHECKOUT"), (ROOT, ".")):  # no machine's paths in the results
+        err = err.replace(str(Path(path).resolve()) if path else "\0", name)
     print(f"  ! {side} {model} {kind} nc={nc}: rc={proc.returncode}: {err}", file=sys.stderr, flush=True)
     return {"side": side, "model": model, "kind": kind, "nc": nc, "error": err}
 
@@ -498,7 +500,8 @@ def markdown(meta: dict[str, Any], results: list[dict]) -> str:
     lines += [
         f"- workload: N_c = {nc:,}, N_t = {nt:,}, batch {batch}, {precision}, {on}; time = median "
         f"over {meta['passes']} passes (a fresh process each, sides alternating first) of the median of "
-        f"{meta['repeats']} calls after {meta['warmup']} warm-up; peak = growth of the peak resident set size",
+        f"{meta['repeats']} calls after {meta['warmup']} warm-up; peak = "
+        + ("growth of the peak resident set size" if device == "cpu" else "growth of CUDA's peak allocated memory"),
         "",
         "| model | params gridtnp | params ref | fwd ms gridtnp | fwd ms ref | fwd ratio | fwd+bwd ms gridtnp "
         "| fwd+bwd ms ref | fwd+bwd ratio | peak MB fwd gridtnp / ref | peak MB fwd+bwd gridtnp / ref |",
@@ -562,11 +565,10 @@ def read_results(path: Path) -> tuple[dict[str, Any], list[dict]]:
 
 
 def reference_commit(reference: Path) -> str:
-    """The reference checkout's short commit, or ``not recorded`` where it is not a git checkout."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=reference, capture_output=True, text=True, check=False
-    )
-    return head.stdout.strip() if head.returncode == 0 else "not recorded (not a git checkout)"
+    """The reference checkout's short commit, or ``not recorded`` where it is not a git checkout of its own."""
+    from harness import short_commit
+
+    return short_commit(reference) or "not recorded (not a git checkout)"
 
 
 def baseline_for(args: argparse.Namespace) -> Path:

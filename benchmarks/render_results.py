@@ -194,6 +194,37 @@ def perf_vs_ref() -> str:
     return table(header, out)
 
 
+#: The side-by-side runs per device: (column, result file).
+PERF_DEVICES = (
+    ("AMD EPYC CPU", "perf_vs_ref_cpu.jsonl"),
+    ("Intel Xeon CPU", "perf_vs_ref_cpu_intel.jsonl"),
+    ("H200, float32", "perf_vs_ref_cuda_h200_fp32.jsonl"),
+    ("H200, bf16", "perf_vs_ref_cuda_h200_bf16.jsonl"),
+)
+
+
+def perf_vs_ref_devices() -> str:
+    """Forward+backward time of gridtnp over the reference's, per model and device (``-``: not measured there)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import perf_vs_ref as module
+
+    ratios, commits, models = {}, [], []
+    for column, name in PERF_DEVICES:
+        meta, results = module.read_results(RESULTS / name)
+        agg, nc = module.aggregate(results), meta["nc"]
+        commits.append(f"{column}: {meta['commit']}")
+        for m in meta["models"]:
+            g, r = agg.get(("gridtnp", m, "fwdbwd", nc), {}), agg.get(("ref", m, "fwdbwd", nc), {})
+            if "median_ms" in g and "median_ms" in r:
+                ratios[(m, column)] = g["median_ms"] / r["median_ms"]
+                models += [m] if m not in models else []
+    rows = [
+        [module.MODELS[m]["label"], *(f"{ratios[(m, c)]:.2f}" if (m, c) in ratios else "-" for c, _ in PERF_DEVICES)]
+        for m in models
+    ]
+    return table(["model", *(c for c, _ in PERF_DEVICES)], rows) + "\ngridtnp commits: " + "; ".join(commits) + ".\n"
+
+
 def perf_vs_ref_scaling() -> str:
     meta, agg, _ = _perf()
     m = meta["scaling_model"]
@@ -279,6 +310,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "era5_skill": era5_skill_table,
     "perf_vs_ref": perf_vs_ref,
     "perf_vs_ref_scaling": perf_vs_ref_scaling,
+    "perf_vs_ref_devices": perf_vs_ref_devices,
     "te_memory": te_memory,
     "neighbour_search": neighbour_search,
     "processor_speed": processor_speed,
