@@ -127,9 +127,14 @@ def load_plugins() -> None:
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    while _loaders:
-        _loaders.pop(0)()
+    _loaded = True  # before importing: a module that looks a component up while it registers must not reenter
+    try:
+        while _loaders:
+            _loaders[0]()
+            _loaders.pop(0)
+    except BaseException:
+        _loaded = False  # gridtnp's own modules failed to import: every lookup says so, none sees half a registry
+        raise
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             entry.load()

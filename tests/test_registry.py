@@ -159,3 +159,24 @@ def test_a_recipe_names_its_datamodule_by_registry_name(tmp_path):
     assert type(cli.datamodule) is get("datamodule", "synthetic")
     assert datamodule_path("era5_stations").endswith(".StationReanalysisDataModule")
     assert datamodule_path("my_package.MyDataModule") == "my_package.MyDataModule"  # import paths pass unchanged
+
+
+def test_a_failing_loader_fails_every_lookup_until_it_imports(monkeypatch):
+    """An import error of gridtnp's own components is raised by each lookup, never hidden behind half a registry."""
+    from gridtnp import registry
+
+    calls = []
+
+    def loader():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ImportError("a module of components is broken")
+
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "_loaders", [loader])
+    for _ in range(2):
+        with pytest.raises(ImportError, match="is broken"):
+            available("processor")
+    assert "transformer" in available("processor") and len(calls) == 3
+    available("processor")
+    assert len(calls) == 3  # loaded once
