@@ -4,12 +4,9 @@ Interface: ``decoder(states: list[Latent], zt, xt) -> [B, Nt, D]``. A decoder wi
 ``L`` processor states, one block per state, so targets are refreshed after every processor layer as in the TNP
 (eq. 9); ``layers = 1`` reads the final state. The model passes the processor's number of states as ``layers``.
 
-* ``gridded``: ``knn``, ``te_knn``, ``kernel_interpolation`` (grid states).
-* ``interpolation``: ``interpolation`` (the learned linear-interpolation baseline).
-* ``mos``: ``mos``, ``mos_kriging`` (per-place regression on the gridded values, and kriging of its residuals).
-* ``kernel_averaging``: ``gka`` (Gaussian kernel averaging, dense or over the k nearest).
-* ``sets``: ``cross_attention``, ``concat``, ``te_cross_attention``, ``relational``, ``joint_self_attention``,
-  ``transformer_decoder``.
+Modules: ``gridded`` (decoders of grid states), ``sets`` (of set states), ``interpolation`` and
+``kernel_averaging`` (the classical baselines), ``mos`` (per-place regression on the gridded values). Each
+decoder registers itself where it is defined; ``gridtnp list grid_decoder`` names them, with their modules.
 """
 
 from gridtnp.nn.grid_decoders.gridded import (

@@ -5,10 +5,9 @@ output (a grid ``[B, M1..Md, D]`` or a set ``[B, N, D]`` with its mask and, for 
 TNP-style decoder can refresh the targets after every layer (TNP eq. 9); decoders that read only the final state
 use the last entry.
 
-* ``sets``: ``transformer``, ``mean``, ``identity``, ``ist``, ``perceiver``, ``te_transformer``, ``te_perceiver``.
-* ``convolutional``: ``cnn``, ``unet`` (ConvCNP).
-* ``grid_transformers``: ``swin``, ``vit`` (gridded TNPs).
-* ``mixers``: ``hypermixer`` (HyperMixer token mixing, sets and grids).
+Modules: ``sets`` (processors of token sets, TE ones included), ``convolutional`` (ConvCNP), ``grid_transformers``
+(gridded TNPs), ``mixers`` (HyperMixer token mixing). Each processor registers itself where it is defined;
+``gridtnp list processor`` names them, with their modules.
 """
 
 from gridtnp.nn.processors.convolutional import CNNProcessor, GridConv, GridConvTranspose, UNetProcessor
