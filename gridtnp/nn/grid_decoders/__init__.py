@@ -6,7 +6,8 @@ Interface: ``decoder(states: list[Latent], zt, xt) -> [B, Nt, D]``. A decoder wi
 
 Modules: ``gridded`` (decoders of grid states), ``sets`` (of set states), ``interpolation`` and
 ``kernel_averaging`` (the classical baselines), ``mos`` (per-place regression on the gridded values). Each
-decoder registers itself where it is defined; ``gridtnp list grid_decoder`` names them, with their modules.
+decoder registers itself where it is defined; ``gridtnp list grid_decoder`` names them (``... NAME``: its class and
+module).
 """
 
 from gridtnp.nn.grid_decoders.gridded import (

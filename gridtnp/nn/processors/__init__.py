@@ -7,7 +7,7 @@ use the last entry.
 
 Modules: ``sets`` (processors of token sets, TE ones included), ``convolutional`` (ConvCNP), ``grid_transformers``
 (gridded TNPs), ``mixers`` (HyperMixer token mixing). Each processor registers itself where it is defined;
-``gridtnp list processor`` names them, with their modules.
+``gridtnp list processor`` names them (``... NAME``: its class and module).
 """
 
 from gridtnp.nn.processors.convolutional import CNNProcessor, GridConv, GridConvTranspose, UNetProcessor
