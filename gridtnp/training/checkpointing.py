@@ -382,7 +382,8 @@ class Checkpoint(ModelCheckpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        self.follow_metric(pl_module)
+        if stage == "fit":  # only training keeps a best checkpoint
+            self.follow_metric(pl_module)
         if stage == "fit" and trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
             for leftover in Path(self.dirpath).glob(".*.tmp-*"):  # from a write killed before its rename
                 remove_path(leftover)
