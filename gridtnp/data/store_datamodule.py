@@ -25,6 +25,7 @@ import torch
 import xarray as xr
 
 from gridtnp.batch import Observations
+from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.datamodules import TaskDataModule
 from gridtnp.data.layout import STATS_ATTR, DataError, iso, select_time
 from gridtnp.data.sections import (
@@ -35,7 +36,7 @@ from gridtnp.data.sections import (
     StoreConfig,
     section,
 )
-from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, unwrapped_region
+from gridtnp.data.store import normalisation_stats, open_store, unwrapped_region
 from gridtnp.data.tasks import check_range
 from gridtnp.registry import ConfigError
 

@@ -16,11 +16,12 @@ import yaml
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.data import MultiSourceDataModule
+from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.era5.multisource import Source
 from gridtnp.data.layout import DataError
 from gridtnp.data.prepare import prepare
 from gridtnp.data.sections import from_flat_arguments
-from gridtnp.data.store import ChunkCache, normalisation_stats, open_store
+from gridtnp.data.store import normalisation_stats, open_store
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.registry import ConfigError
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from gridtnp.data.prepare import writer
-from gridtnp.data.prepare.writer import HourlySums, _Moments
+from gridtnp.data.prepare import statistics
+from gridtnp.data.prepare.statistics import HourlySums, RunningMoments
 
 
 def _data(steps: int = 24 * 5) -> xr.Dataset:
@@ -76,13 +76,13 @@ def test_a_checkpoint_restores_the_sums_and_counts() -> None:
 @pytest.mark.parametrize("gaps", [False, True])
 def test_running_moments_equal_the_float64_reference_per_level(monkeypatch: pytest.MonkeyPatch, gaps: bool) -> None:
     # Pieces smaller than a block and cache-sized passes smaller than a piece: every merge path is taken.
-    monkeypatch.setattr(writer, "MOMENT_ELEMENTS", 3 * 5 * 7)
-    monkeypatch.setattr(writer, "SQUARES_ELEMENTS", 16)
+    monkeypatch.setattr(statistics, "MOMENT_ELEMENTS", 3 * 5 * 7)
+    monkeypatch.setattr(statistics, "SQUARES_ELEMENTS", 16)
     rng = np.random.default_rng(1)
     values = (250.0 + 20.0 * rng.standard_normal((40, 3, 5, 7)) + 10.0 * np.arange(3)[:, None, None]).astype(np.float32)
     if gaps:
         values[rng.random(values.shape) < 0.3] = np.nan
-    per_level, pooled = _Moments(3), _Moments(1)
+    per_level, pooled = RunningMoments(3), RunningMoments(1)
     finite = [per_level.add(values[a : a + 9], level_axis=1) for a in range(0, 40, 9)]
     for a in range(0, 40, 9):
         pooled.add(values[a : a + 9], level_axis=None)

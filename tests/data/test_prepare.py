@@ -16,6 +16,7 @@ import zarr
 
 from gridtnp.cli import main
 from gridtnp.data import sample_path
+from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.layout import STATS_ATTR, DataError, normalise
 from gridtnp.data.prepare import prepare
 from gridtnp.data.prepare.append import append as prepare_append
@@ -23,7 +24,7 @@ from gridtnp.data.prepare.inputs import _step_chunks
 from gridtnp.data.prepare.writer import BlockReader
 from gridtnp.data.sample import ERA5_SAMPLE, STATIONS_SAMPLE
 from gridtnp.data.stations import read_stations, snap_to_grid
-from gridtnp.data.store import ChunkCache, normalisation_stats, open_store, select
+from gridtnp.data.store import normalisation_stats, open_store, select
 from gridtnp.registry import ConfigError
 
 TRAIN = ("2019-03-01", "2019-03-21")

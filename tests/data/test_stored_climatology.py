@@ -56,7 +56,7 @@ def test_stored_climatology_equals_the_computed_one_and_setup_reads_no_training_
 
 
 def test_a_batch_fetches_its_chunks_concurrently_each_once(stores: tuple[Path, Path]) -> None:
-    from gridtnp.data.store import ChunkCache
+    from gridtnp.data.chunk_cache import ChunkCache
 
     _, store = stores
     with LocalHTTPServer(store.parent, latency=0.05) as server:

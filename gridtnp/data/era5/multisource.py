@@ -17,6 +17,7 @@ import xarray as xr
 from torch.utils.data import DataLoader, Dataset
 
 from gridtnp.batch import Batch
+from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.datamodules import generator_from
 from gridtnp.data.era5.sources import DEFAULT_MULTISOURCE_TASK, MULTISOURCE_LOADER, MultiSourceTaskConfig, Source
 from gridtnp.data.era5.to_xarray import Variable, window_predictions
@@ -30,7 +31,7 @@ from gridtnp.data.sections import (
     plain,
     section,
 )
-from gridtnp.data.store import ChunkCache, normalisation_stats, select
+from gridtnp.data.store import normalisation_stats, select
 from gridtnp.data.store_datamodule import StoreDataModule, masked_observations
 from gridtnp.registry import register
 

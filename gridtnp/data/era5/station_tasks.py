@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import Dataset
 
 from gridtnp.batch import Batch
+from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.datamodules import generator_from
 from gridtnp.data.era5.blocks import BlockLayout, LayoutTables, draw_layouts
-from gridtnp.data.store import ChunkCache
 from gridtnp.data.store_datamodule import masked_observations
 
 
