@@ -5,7 +5,11 @@ DataModule's prediction batches and writes the predictive mean and standard devi
 units with CF attributes, as NetCDF (``.nc``) or Zarr (``.zarr``). The DataModule says how its batches map to
 coordinates (``predictions_to_xarray``); without that method the writer stores the raw tensors per task.
 
-In a notebook, ``predict(module, context, targets)`` does the same for xarray inputs.
+In a notebook, ``predict(module, context, targets)`` does the same for xarray inputs, equal to the module's
+``predict_step`` on the same tasks: its inputs are checked and converted in ``prediction_inputs``, the cells of a
+gridded context are ``prediction_cells``, the checkpoint's climatology is taken off and added back in
+``prediction_climatology``, and a grid that leaves the model's domain uncovered is warned of in
+``prediction_coverage`` (by the writer too, on ``gridtnp predict``'s first batch).
 
 * ``PredictionWriter(path)``: the callback behind ``gridtnp predict``.
 * ``write_dataset(ds, path)``: NetCDF or Zarr by suffix, written beside ``path`` and then moved into place.
