@@ -25,7 +25,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from gridtnp.data.sections import moved_argument
+from gridtnp.data.sections import moved_argument, section_key_error
 from gridtnp.registry import ConfigError, accepted_arguments
 from gridtnp.training.checkpointing import CheckpointError
 
@@ -90,6 +90,18 @@ def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
         return f"--config {config}: not valid YAML{place}: {detail or text.splitlines()[0]}{tabs}."
     if text.strip() == "Unexpected config:":
         return f"--config {config}: the recipe is empty (or not a YAML mapping); expected model:, data:, trainer: ..."
+    nested = re.search(
+        r"class_path '([\w.]+)':\s+"
+        r"(?:Group '(\w+)' does not accept option '(\w+)'|unrecognized arguments: --(\w+)\.(\w+)=)",
+        text,
+    )
+    if nested:  # a key inside a DataModule's section (loader:, store:, ...)
+        module, _, attr = nested[1].rpartition(".")
+        line = section_key_error(
+            getattr(importlib.import_module(module), attr), nested[2] or nested[4], nested[3] or nested[5]
+        )
+        if line:
+            return line
     option = re.search(r"class_path '([\w.]+)':\s+Option '([\w.]+)' is not accepted", text)
     if option:
         path, name = option.groups()

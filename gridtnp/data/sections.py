@@ -201,3 +201,19 @@ def from_flat_arguments(cls: type, *args: Any, **flat: Any) -> Any:
         part, _, key = moved.partition(".")
         kwargs.setdefault(part, {})[key] = value
     return cls(*args, **kwargs)
+
+
+def section_key_error(cls: type, section_name: str, key: str) -> str | None:
+    """One line for a key that ``cls``'s section ``section_name`` does not have (with the closest key), or None
+    when ``section_name`` is not one of its dataclass sections."""
+    import difflib
+    import inspect
+
+    parameter = inspect.signature(cls.__init__).parameters.get(section_name)
+    default = None if parameter is None else parameter.default
+    if not hasattr(default, "__dataclass_fields__"):
+        return None
+    keys = list(default.__dataclass_fields__)
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"data.init_args.{section_name} of {cls.__name__} has no key {key!r}{hint}; its keys: {', '.join(keys)}."

@@ -166,8 +166,8 @@ CASES: list[Case] = [
     ),
     (
         "data key typo",
-        lambda ck, t: fit_args(t, "--data.init_args.batch_sizee", "2"),
-        "SyntheticDataModule has no argument 'batch_sizee' (did you mean 'batch_size'?)",
+        lambda ck, t: fit_args(t, "--data.init_args.loader.batch_sizee", "2"),
+        "data.init_args.loader of SyntheticDataModule has no key 'batch_sizee' (did you mean 'batch_size'?)",
         lambda ck, t: t / "run",
     ),
     (

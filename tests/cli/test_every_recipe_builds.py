@@ -57,3 +57,17 @@ def test_an_old_flat_data_key_fails_with_one_line_naming_its_section(
         f"gridtnp: error: data.init_args.{flat} moved to data.init_args.{moved} (a section of the recipe's data: keys)."
     )
     assert len([line for line in lines if line.startswith("gridtnp: error")]) == 1
+
+
+def test_a_typo_inside_a_section_names_the_section_and_the_closest_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("data:\n  init_args:\n    store:\n      cache_chunk: 2\n")
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(ROOT / "recipes/era5_swin.yaml"), "--config", str(typo), "--print_config"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(
+        "gridtnp: error: data.init_args.store of StationReanalysisDataModule has no key 'cache_chunk' "
+        "(did you mean 'cache_chunks'?); its keys: path, storage_options,"
+    )
