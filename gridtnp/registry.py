@@ -44,7 +44,7 @@ KINDS: dict[str, str] = {
     "embedding": "input-location embedding used by point-wise encoders",
     "model": "named presets: a whole five-slot model specification",
     "task": "synthetic task generators for SyntheticDataModule",
-    "datamodule": "LightningDataModules",
+    "datamodule": "LightningDataModules (a recipe's data.class_path may name one: class_path: era5_stations)",
 }
 
 #: What the model passes to each kind of component (when its constructor accepts it), and what it means.
