@@ -60,11 +60,12 @@ Layout = tuple[int, tuple[int, int]]  # (block size in fine cells, first block e
 
 
 def data_module(config: dict[str, Any], **overrides: Any) -> Any:
-    """The recipe's DataModule with ``init_args`` overridden."""
+    """The recipe's DataModule with keys of its ``task:`` section overridden."""
     spec = config["data"]
     module, _, name = spec["class_path"].rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    dm = cls(**{**spec.get("init_args", {}), **overrides})
+    init = spec.get("init_args", {})
+    dm = cls(**{**init, "task": {**init.get("task", {}), **overrides}})
     dm.setup()
     return dm
 
@@ -139,7 +140,7 @@ def refitted(config: dict[str, Any], layout: Layout, fitted_on: Layout) -> dict[
     """``config`` trained and validated on ``layout``: its blocks there, a ``mos`` stencil at the new spacing."""
     config = copy.deepcopy(config)
     factor, offset = layout
-    data = config["data"]["init_args"]
+    data = config["data"]["init_args"].setdefault("task", {})
     data.update(coarsen=factor, coarsen_offset=list(offset), eval_coarsen=factor, eval_offset=list(offset))
     decoder = config["model"]["init_args"].get("grid_decoder", {})
     if "spacing" in decoder:
@@ -163,7 +164,7 @@ def fit(config: dict[str, Any], run: Path, threads: int | None = None) -> dict[s
         record.write_text(json.dumps({"fit_seconds": round(time.perf_counter() - start, 1), "threads": threads}))
     ckpt, _, _ = best_checkpoint(run / "checkpoints")
     steps = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
-    batch = config["data"]["init_args"].get("batch_size")
+    batch = config["data"]["init_args"].get("loader", {}).get("batch_size")
     seconds = json.loads(record.read_text())["fit_seconds"] if record.exists() else None
     return {"ckpt": ckpt, "budget": f"{steps} x {batch}" + (f", {seconds:.0f} s" if seconds else "")}
 

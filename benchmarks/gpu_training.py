@@ -158,7 +158,9 @@ def main() -> None:
             print(f"wrote {path}", flush=True)
 
     for workers in args.loader_workers:
-        dm_config = {**config["data"], "init_args": {**config["data"]["init_args"], "num_workers": workers}}
+        init = config["data"]["init_args"]
+        loader = {**init.get("loader", {}), "num_workers": workers}
+        dm_config = {**config["data"], "init_args": {**init, "loader": loader}}
         r = loader_rate(lambda w, c=dm_config: instantiate(c), workers, args.loader_batches)
         rows.append({"measure": "training DataLoader alone (delivered)", "workers": workers,
                      "tasks/s": f"{r['tasks_per_s']:.1f}",
@@ -172,7 +174,7 @@ def main() -> None:
         return
     run = args.run or Path("runs/gpu_training") / args.recipe.stem
     result = fit(config, run, args.minutes, args.precision)
-    workers = config["data"]["init_args"].get("num_workers", 0)
+    workers = config["data"]["init_args"].get("loader", {}).get("num_workers", 0)
     rate = "-" if result["tasks_per_s"] is None else f"{result['tasks_per_s']:.1f}"
     notes = f"{result['steps']} steps after {result['warmup_steps']} warm-up, {result['seconds']:.0f} s"
     if result["resumed_step"] is not None:

@@ -59,10 +59,11 @@ def workload(config: dict[str, Any], g: torch.Generator) -> tuple[dict[str, Obse
     """Context and targets shaped like the recipe's task at its batch size."""
     data, model = config["data"], config["model"]["init_args"]
     init, kind = data["init_args"], data["class_path"].rsplit(".", 1)[-1]
-    b = int(init.get("batch_size", 8))
+    b = int(init.get("loader", {}).get("batch_size", 8))
     if kind == "SyntheticDataModule":
         batch = build_from_spec("task", init["task"]).sample(b, g)
         return batch.context, batch.target
+    init = {**init.get("task", {}), "region": init.get("store", {}).get("region")}
     share = sum(init.get("context_fraction", (0.0, 0.3))) / 2
     if kind == "StationReanalysisDataModule":
         context = {}
