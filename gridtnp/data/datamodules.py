@@ -6,7 +6,7 @@ tasks on the fly.
 * ``SyntheticDataModule(task, loader, test_task)``: a registered task generator (``gridtnp.data.tasks``) for each
   split.
 * ``TrainTaskStream``, ``FixedTaskSet``, ``ShardSampler``: the datasets and the evaluation sampler behind them;
-  ``seed_from(*parts)``, ``generator_from(*parts)``: the seeds below; ``check_counts``: argument checks.
+  ``seed_from(*parts)``, ``generator_from(*parts)``: the seeds below.
 
 Seeding, so that a rerun with the same ``seed`` sees exactly the same data:
 
@@ -194,13 +194,6 @@ class _EpochLoader(DataLoader):
 
 #: The synthetic DataModule's loader defaults: 1,000 training batches, fixed sets of 32 and 64 batches.
 SYNTHETIC_LOADER = LoaderConfig(batch_size=16, train_batches=1000, val_batches=32, test_batches=64)
-
-
-def check_counts(where: str, counts: list[tuple[str, object, int]]) -> None:
-    """Raise a ConfigError unless every ``(name, value, smallest)`` is an integer >= smallest."""
-    for key, value, smallest in counts:
-        if not isinstance(value, int) or isinstance(value, bool) or value < smallest:
-            raise ConfigError(f"{where}: {key} must be an integer >= {smallest}; got {value!r}.")
 
 
 class TaskDataModule(GridDataModule, ABC):

@@ -6,7 +6,6 @@ the embedded sample (date splits, a chunk cache), and what their task samplers s
   ``chunk_cache(variables, region)``, ``split_hours(ds, path) -> {split: time indices [T]}``.
 * ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
 * ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
-* ``check_fraction_range(where, name, (a, b))``: ``0 <= a <= b <= 1``, or a ``ConfigError``.
 
 ``StoreDataModule.variable_metadata()`` describes the data for checkpoints (``NeuralProcessModule`` saves it), so
 that ``gridtnp.predictions.predict`` can normalise a user's physical-unit inputs from a checkpoint alone.
@@ -37,18 +36,8 @@ from gridtnp.data.sections import (
     section,
 )
 from gridtnp.data.store import normalisation_stats, open_store, unwrapped_region
-from gridtnp.data.tasks import check_range
-from gridtnp.registry import ConfigError
 
 SAMPLE_CACHE_NAME = "era5_t2m_uk_2019-03"
-
-
-def check_fraction_range(where: str, name: str, value: Sequence[float]) -> tuple[float, float]:
-    """``(a, b)`` as floats, or a ConfigError unless ``0 <= a <= b <= 1``."""
-    low, high = check_range(where, name, value, allow_equal=True)
-    if low < 0.0 or high > 1.0:
-        raise ConfigError(f"{where}: {name} must be (a, b) with 0 <= a <= b <= 1; got {tuple(value)}.")
-    return low, high
 
 
 def masked_observations(x: torch.Tensor, y: np.ndarray, mask: np.ndarray, name: str) -> Observations:
