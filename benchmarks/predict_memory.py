@@ -28,7 +28,8 @@ from harness import run_record, write_table
 
 from gridtnp.batch import Observations
 from gridtnp.models import build_model
-from gridtnp.models.neural_process import MODEL_KEYS, TARGET_CHUNK
+from gridtnp.models.neural_process import TARGET_CHUNK
+from gridtnp.models.specs import MODEL_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,8 @@ from gridtnp.metrics import (
     evaluation_metrics,
     point_weights,
 )
-from gridtnp.models.neural_process import TARGET_CHUNK, build_model, count_parameters, expand_spec
+from gridtnp.models.neural_process import TARGET_CHUNK, count_parameters
+from gridtnp.models.specs import build_model, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.registry import ConfigError

@@ -37,12 +37,14 @@ def check_checkpoint_model(ckpt_path: str | os.PathLike, model_config: Any) -> N
     the network is compared (the five slots, sizes and grid, each fully expanded), not the learning rate or
     schedule, so a recipe may change those for a resumed run.
     """
-    from gridtnp.models.neural_process import MODEL_KEYS, expand_spec
+    from gridtnp.models.specs import MODEL_KEYS, expand_spec
 
     init_args = getattr(model_config, "init_args", None)
     if init_args is None:
         return
-    hparams = torch.load(ckpt_path, map_location="cpu", weights_only=True).get("hyper_parameters") or {}
+    from gridtnp.training.checkpoint_loading import load_checkpoint
+
+    hparams = load_checkpoint(ckpt_path, mmap=True).get("hyper_parameters") or {}
     keys = (*MODEL_KEYS, "preset")
     if not any(k in hparams for k in keys):
         return  # not a NeuralProcessModule checkpoint: nothing to compare

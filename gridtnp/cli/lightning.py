@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sys
 from typing import Any
@@ -29,7 +30,7 @@ from gridtnp.cli.guards import (
 )
 from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, versioned_path
 from gridtnp.files import is_url
-from gridtnp.redaction import redact
+from gridtnp.redaction import redact, redact_url
 from gridtnp.registry import ConfigError
 from gridtnp.training.checkpointing import (
     LOGGER_VERSION,
@@ -112,7 +113,7 @@ class GridTNPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         init_args = config.get("model", {}).get("init_args")
-        from gridtnp.models.neural_process import MODEL_KEYS, SLOTS, expand_spec
+        from gridtnp.models.specs import MODEL_KEYS, SLOTS, expand_spec
 
         if init_args is not None and all(slot in init_args for slot in SLOTS):
             spec = {k: v for k, v in init_args.as_dict().items() if k in (*MODEL_KEYS, "preset")}
@@ -167,6 +168,8 @@ class GridTNPCLI(LightningCLI):
         finally:
             for lock in getattr(self, "locks", []):
                 unlock_directory(lock)
+            if getattr(self, "download_dir", None):
+                shutil.rmtree(self.download_dir, ignore_errors=True)
 
     def after_fit(self) -> None:
         """A run stopped by SIGTERM / SIGINT exits with status 128 + signal, after saying where it stopped."""
@@ -211,7 +214,9 @@ class GridTNPCLI(LightningCLI):
             ckpt_path = config["ckpt_path"] = self._best_checkpoint(config)
         special = ckpt_path in (None, "last", "best", "hpc") or str(ckpt_path).startswith("registry")
         given: dict[str, Any] = {}
-        if not special and not is_url(ckpt_path):
+        if not special and is_url(ckpt_path):
+            ckpt_path = config["ckpt_path"] = self._local_checkpoint(str(ckpt_path))
+        if not special:
             if not os.path.isfile(ckpt_path):
                 raise ConfigError(f"--ckpt_path {ckpt_path}: no such file.")
             resume_checkpoint(ckpt_path, [], None)  # a truncated, corrupt or unsafe file is an error naming it
@@ -226,6 +231,23 @@ class GridTNPCLI(LightningCLI):
             init_args = self.config[subcommand]["model"]["init_args"]
             for key, value in given.items():
                 init_args[key] = value
+
+    def _local_checkpoint(self, address: str) -> str:
+        """``--ckpt_path file://...`` as its path; a remote address downloaded into a temporary folder (removed when
+        the command ends), so that only the checked local copy is ever loaded."""
+        import tempfile
+
+        from gridtnp.training.checkpoint_loading import local_checkpoint
+
+        if address.startswith("file://"):
+            return str(local_checkpoint(address, "."))
+        self.download_dir = tempfile.mkdtemp(prefix="gridtnp-checkpoint-")
+        self.ckpt_address = redact_url(address)
+        try:
+            return str(local_checkpoint(address, self.download_dir))
+        except BaseException:
+            shutil.rmtree(self.download_dir, ignore_errors=True)
+            raise
 
     @staticmethod
     def _best_checkpoint(config: Any) -> str:
@@ -268,13 +290,15 @@ class GridTNPCLI(LightningCLI):
         }
         if not self.trainer.is_global_zero or not metrics:
             return
-        path = metrics_path(self.trainer.ckpt_path, self.trainer.log_dir or self.trainer.default_root_dir, "test")
+        downloaded = getattr(self, "ckpt_address", None)  # its temporary copy goes: the metrics go to the log folder
+        ckpt = None if downloaded else self.trainer.ckpt_path
+        path = metrics_path(ckpt, self.trainer.log_dir or self.trainer.default_root_dir, "test")
         config = self.config[self.subcommand]
         configs = config.get("config") or []
         settings = json.dumps(redact(config.as_dict()), sort_keys=True, default=str)
         record = {
             "split": "test",
-            "checkpoint": None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path),
+            "checkpoint": downloaded or (None if self.trainer.ckpt_path is None else str(self.trainer.ckpt_path)),
             "config": [str(c) for c in configs],
             "settings_digest": hashlib.sha256(settings.encode()).hexdigest()[:16],
             "metrics": metrics,

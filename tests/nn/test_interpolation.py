@@ -204,6 +204,6 @@ def test_interp_preset_and_recipe_errors():
 
 
 def create_model_spec() -> dict:
-    from gridtnp.models.neural_process import resolve_spec
+    from gridtnp.models.specs import resolve_spec
 
     return resolve_spec({"preset": "interp", "dim_x": 2})

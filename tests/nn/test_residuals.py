@@ -8,7 +8,7 @@ import torch
 
 from gridtnp.batch import Observations
 from gridtnp.models import build_model
-from gridtnp.models.neural_process import expand_spec
+from gridtnp.models.specs import expand_spec
 from gridtnp.nn.residuals import InterpolationResidual, basis_size, shape_basis, shift_mean
 from gridtnp.registry import ConfigError
 
