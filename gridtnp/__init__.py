@@ -45,6 +45,7 @@ def import_components() -> None:
     """Import gridtnp's packages of registered components: the model stages, presets, tasks and DataModules."""
     from gridtnp import models, nn  # noqa: F401
     from gridtnp.data import datamodules, era5, synthetic  # noqa: F401
+    from gridtnp.data.observations import datamodule  # noqa: F401
 
 
 add_loader(import_components)

@@ -18,10 +18,12 @@ _LAZY = {
     "sample_path": "gridtnp.data.sample",
     "StationReanalysisDataModule": "gridtnp.data.era5.station_reanalysis",
     "MultiSourceDataModule": "gridtnp.data.era5.multisource",
+    "ObservationDataModule": "gridtnp.data.observations.datamodule",
 }
 
 __all__ = [
     "MultiSourceDataModule",
+    "ObservationDataModule",
     "StationReanalysisDataModule",
     "SyntheticDataModule",
     "Task",

@@ -11,10 +11,13 @@ ERA5_SAMPLE = "era5_t2m_uk_2019-03.nc"
 STATIONS_SAMPLE = "hadisd_stations_0p25.csv"
 """9,957 HadISD station locations snapped to the 0.25 degree grid (``latitude``, ``longitude``)."""
 
+OBSERVATIONS_SAMPLE = "observations_t2m_uk_2019-03.csv.gz"
+"""Synthetic station observations of t2m derived from the ERA5 sample (long format; ``make_observations.py``)."""
+
 
 def sample_path(name: str = ERA5_SAMPLE) -> Path:
     """Filesystem path of an embedded sample file, e.g. ``sample_path("hadisd_stations_0p25.csv")``."""
-    files = {ERA5_SAMPLE, STATIONS_SAMPLE}
+    files = {ERA5_SAMPLE, STATIONS_SAMPLE, OBSERVATIONS_SAMPLE}
     if name not in files:
         from gridtnp.registry import ConfigError
 
