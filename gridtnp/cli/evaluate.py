@@ -13,8 +13,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 from gridtnp.cli.guards import (
     check_checkpoint_model,
     is_plot_folder,
@@ -22,6 +20,7 @@ from gridtnp.cli.guards import (
 from gridtnp.cli.lightning import GridTNPCLI
 from gridtnp.files import check_output
 from gridtnp.registry import ConfigError
+from gridtnp.training import checkpoint_loading
 from gridtnp.training.checkpointing import (
     resume_checkpoint,
 )
@@ -87,7 +86,7 @@ def load_checkpoint(config: list[str], ckpt_path: Path, rest: list[str]) -> Grid
         sys.argv = argv
     check_checkpoint_model(ckpt_path, cli.config.get("model"))
     module = cli.model
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    checkpoint = checkpoint_loading.load_checkpoint(ckpt_path)  # tensors and plain values only
     if hasattr(module, "on_load_checkpoint"):
         module.on_load_checkpoint(checkpoint)  # the data's statistics, the variance calibration's buffers
     module.load_state_dict(checkpoint["state_dict"])

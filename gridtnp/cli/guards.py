@@ -82,6 +82,9 @@ def is_plot_folder(path: Path) -> bool:
 
 def argument_error_line(err: argparse.ArgumentError, argv: list[str]) -> str:
     """One line from jsonargparse's multi-line error: what was wrong, where, and the closest valid name."""
+    cause = find_config_error(err)
+    if cause is not None:  # a check of gridtnp's inside jsonargparse (a class_path refused before its import)
+        return str(cause)
     text = str(err)
     config = _recipe_argument(argv)
     if text.startswith("Problems parsing config"):

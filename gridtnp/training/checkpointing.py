@@ -36,8 +36,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from gridtnp.files import atomic_write, is_url, remove_path
 from gridtnp.metrics import monitored_direction
-from gridtnp.redaction import redact
+from gridtnp.redaction import redact, redact_url
 from gridtnp.registry import ConfigError
+from gridtnp.training.checkpoint_loading import UnsafeCheckpointError, load_checkpoint
 
 PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
 CONFIG_NAME = "config.yaml"
@@ -83,6 +84,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 "--checkpoint.dirpath at another disk, then rerun the same command to resume."
             ) from err
 
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """Tensors and plain values only (``gridtnp.training.checkpoint_loading``), whatever Lightning asks for."""
+        if is_url(path):
+            raise CheckpointError(f"checkpoint {redact_url(str(path))}: download it and pass the local file.")
+        return load_checkpoint(path)
+
 
 def verify_checkpoint(path: str | os.PathLike) -> str | None:
     """``None`` if ``path`` is a complete torch checkpoint whose records match their CRC-32, else what is wrong."""
@@ -107,13 +114,10 @@ def unusable_reason(path: str | os.PathLike) -> str | None:
     if reason is not None:
         return reason
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        ckpt = load_checkpoint(path, mmap=True)
     except Exception as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return (
-            f"not loadable safely: it holds Python objects other than tensors and plain values ({first[:120]}); "
-            "gridtnp loads only checkpoints that `gridtnp fit` wrote"
-        )
+        return err.reason if isinstance(err, UnsafeCheckpointError) else f"unreadable ({first[:120]})"
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         return "not a training checkpoint (no state_dict / global_step): a file `gridtnp fit` did not write"
     return None
@@ -122,7 +126,7 @@ def unusable_reason(path: str | os.PathLike) -> str | None:
 def checkpoint_entry(path: str | os.PathLike, key: str) -> Any:
     """One top-level entry of a (verified) checkpoint, or None; tensors are memory-mapped, not read."""
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        ckpt = load_checkpoint(path, mmap=True)
     except Exception:
         return None
     return ckpt.get(key) if isinstance(ckpt, dict) else None
