@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from gridtnp.cli.class_paths import guarded_imports
 from gridtnp.cli.guards import (
     check_checkpoint_model,
     check_trainer_options,
@@ -69,15 +70,16 @@ class GridTNPCLI(LightningCLI):
         kwargs.setdefault(
             "parser_kwargs", {**no_exit, **{sub: no_exit for sub in ("fit", "validate", "test", "predict")}}
         )
-        super().__init__(
-            NeuralProcessModule,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            args=args,
-            run=run,
-            **kwargs,
-        )
+        with guarded_imports():  # a recipe's class_path imports only allowed modules (gridtnp.cli.class_paths)
+            super().__init__(
+                NeuralProcessModule,
+                L.LightningDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                args=args,
+                run=run,
+                **kwargs,
+            )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         from gridtnp.plots import PlotCallback
