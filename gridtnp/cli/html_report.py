@@ -21,6 +21,7 @@ from typing import Any
 import lightning as L
 
 from gridtnp.files import atomic_write
+from gridtnp.redaction import redact_text
 
 #: Marks the pages ``gridtnp report`` writes.
 GENERATOR = '<meta name="generator" content="gridtnp report">'
@@ -209,7 +210,7 @@ def write_report(
     evaluation.convert(datamodule)
     figures = split_figures(evaluation, module, datamodule, geographic)
     model = type(getattr(module, "model", module)).__name__
-    recipes = {str(c): Path(c).read_text() for c in configs if Path(c).is_file()}
+    recipes = {str(c): redact_text(Path(c).read_text()) for c in configs if Path(c).is_file()}
     provenance = {
         "recipe": ", ".join(str(c) for c in configs),
         "checkpoint": str(ckpt_path),

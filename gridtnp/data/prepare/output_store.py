@@ -26,7 +26,8 @@ from gridtnp.data.layout import (
     DataError,
     iso,
 )
-from gridtnp.files import remove_path
+from gridtnp.files import is_url, remove_path
+from gridtnp.redaction import redact
 
 ZARR_FORMAT = 2  # readable by zarr-python 2 and 3 (and most other Zarr readers); v3 adds nothing needed here
 
@@ -121,7 +122,7 @@ def provenance_attr(
     except metadata.PackageNotFoundError:
         version = "unknown"
     return {
-        "sources": [str(Path(p).resolve()) for p in inputs],
+        "sources": [str(p) if is_url(p) else str(Path(p).resolve()) for p in inputs],
         "command": shlex.join(args),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gridtnp_version": version,
@@ -136,7 +137,7 @@ def finish_store(
 
     group = zarr.open_group(str(tmp), mode="r+")
     variables = [name for name in stats]  # the data variables (coordinates have no statistics)
-    attrs = {STATS_ATTR: stats, PROVENANCE_ATTR: provenance, CHUNKS_ATTR: inventory(tmp, variables)}
+    attrs = {STATS_ATTR: stats, PROVENANCE_ATTR: redact(provenance), CHUNKS_ATTR: inventory(tmp, variables)}
     group.attrs.update({**attrs, **(extra or {})})
     zarr.consolidate_metadata(str(tmp))
 
