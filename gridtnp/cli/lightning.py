@@ -42,7 +42,7 @@ from gridtnp.training.checkpointing import (
     checkpoint_step,
     resume_checkpoint,
 )
-from gridtnp.training.locks import lock_directory, unlock_directory
+from gridtnp.training.locks import claim_version, lock_directory, unlock_directory
 
 
 class GridTNPCLI(LightningCLI):
@@ -140,8 +140,6 @@ class GridTNPCLI(LightningCLI):
             # Before anything is written (config.yaml, logs): a recipe that changed the network is one line.
             check_checkpoint_model(ckpt_path, self.config[self.subcommand].get("model"))
         config["ckpt_path"] = ckpt_path
-        if rank_zero:
-            self.locks = [lock_directory(d) for d in explicit_dirs]
         version = checkpoint_entry(ckpt_path, LOGGER_VERSION) if ckpt_path not in (None, "last") else None
         logger = self.trainer.logger
         if version is not None and isinstance(logger, TensorBoardLogger) and logger.version != version:
@@ -149,6 +147,19 @@ class GridTNPCLI(LightningCLI):
             self.trainer.loggers = [
                 redacting(TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version))
             ]
+        if rank_zero:
+            self.locks = [lock_directory(d) for d in explicit_dirs or [self._default_checkpoint_dir()]]
+
+    def _default_checkpoint_dir(self) -> str:
+        """The folder Lightning writes checkpoints to without ``--checkpoint.dirpath`` (``<logger folder>/version_N/
+        checkpoints``), the logger's new version claimed atomically: two fits started together never share one."""
+        logger, root = self.trainer.logger, self.trainer.default_root_dir
+        if logger is None:
+            return os.path.join(root, "checkpoints")
+        if getattr(logger, "_version", 0) is None and getattr(logger, "root_dir", None):
+            logger._version = claim_version(logger.root_dir)  # the version Lightning would pick, made atomically
+        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+        return os.path.join(logger.save_dir or root, str(logger.name), version, "checkpoints")
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         subcommand = self.config_init.get("subcommand")

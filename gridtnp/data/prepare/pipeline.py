@@ -61,6 +61,7 @@ from gridtnp.data.prepare.output_store import (
 )
 from gridtnp.data.prepare.writer import clear_state, state_matches, write_blocks
 from gridtnp.files import is_url, remove_path, replace_path
+from gridtnp.training.locks import locked_output
 
 
 def prepare(
@@ -120,7 +121,7 @@ def prepare(
     if jobs is None and scheduler is None and all(locked_reads(path) for path in inputs):
         jobs = 1  # NetCDF/GRIB reads are serialised by a lock: threads only contend for it
     log(f"gridtnp data prepare: [1/4] opening {len(inputs)} input file(s)")
-    with netcdf_chunk_cache(NETCDF_CHUNK_CACHE), _cluster(scheduler, log):
+    with locked_output(out_path), netcdf_chunk_cache(NETCDF_CHUNK_CACHE), _cluster(scheduler, log):
         source = open_sources(inputs, variables, time_chunk, selection)
         try:
             ds = as_written(source, coarsen)
