@@ -262,6 +262,7 @@ def test_recipe_example_trains_with_the_cli(registry, monkeypatch, tmp_path):
     module_file = next(b for b in EXAMPLES["datamodule"] if "file" in b.attributes)
     (tmp_path / module_file.attributes["file"]).write_text(module_file.code)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("GRIDTNP_ALLOW_IMPORTS", "stations_csv")  # a module outside gridtnp and its plugins
     monkeypatch.chdir(ROOT)
     (recipe,) = EXAMPLES["recipe"]
     (tmp_path / "recipe.yaml").write_text(recipe.code)
