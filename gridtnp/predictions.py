@@ -38,6 +38,7 @@ from gridtnp.data.contract import optional
 from gridtnp.files import check_output, remove_path, replace_path, replacing
 from gridtnp.models.neural_process import TARGET_CHUNK
 from gridtnp.prediction_cells import gridded_context
+from gridtnp.prediction_cf import CONVENTIONS, attribution_of, cf_predictions, context_flags, prediction_dataset
 from gridtnp.prediction_climatology import departures_from_reference
 from gridtnp.prediction_coverage import warn_uncovered, warn_uncovered_batch
 from gridtnp.prediction_inputs import (
@@ -98,6 +99,7 @@ class PredictionWriter(BasePredictionWriter):
         self.written: Path | None = None
         self._pending: list[Any] = []
         self._partial: Path | None = None  # the Zarr store being appended to, beside ``path``
+        self._attribution: dict[str, Any] | None = None  # the store's licence, source, ... (read once)
 
     def output_path(self, trainer: Any) -> Path:
         """Where this rank writes: ``path`` (or the default in the log directory), per rank under DDP."""
@@ -110,7 +112,7 @@ class PredictionWriter(BasePredictionWriter):
         """Refuse an existing output before any prediction is made (``check_output``)."""
         option = "--predictions.overwrite true"
         check_output(self.output_path(trainer), "prediction file", option, self.overwrite, is_prediction_file)
-        self._pending, self._partial, self.written = [], None, None
+        self._pending, self._partial, self.written, self._attribution = [], None, None, None
 
     def write_on_batch_end(
         self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, batch: Any, batch_idx: int,
@@ -135,7 +137,7 @@ class PredictionWriter(BasePredictionWriter):
         elif self._pending:
             outputs, self._pending = self._pending, []
             convert = self._convert(trainer)
-            ds = convert(outputs) if convert is not None else raw_predictions(outputs)
+            ds = self._cf(convert(outputs), trainer, pl_module) if convert is not None else raw_predictions(outputs)
             write_dataset(self._described(ds, trainer, pl_module), path)
         else:
             return
@@ -153,7 +155,7 @@ class PredictionWriter(BasePredictionWriter):
     def _append(self, trainer: Any, pl_module: Any) -> None:
         """Convert the pending outputs and write them to the partial Zarr store, after what it holds along time."""
         outputs, self._pending = self._pending, []
-        ds = self._described(self._convert(trainer)(outputs), trainer, pl_module)
+        ds = self._described(self._cf(self._convert(trainer)(outputs), trainer, pl_module), trainer, pl_module)
         if self._partial is None:
             path = self.output_path(trainer)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +164,16 @@ class PredictionWriter(BasePredictionWriter):
         else:
             appended = [name for name, var in ds.variables.items() if "time" in var.dims]
             ds[appended].to_zarr(self._partial, append_dim="time", consolidated=False)
+
+    def _cf(self, ds: xr.Dataset, trainer: Any, pl_module: Any) -> xr.Dataset:
+        """The DataModule's predictions as the CF dataset ``predict`` returns too (``prediction_cf``): named for the
+        predicted variables, with the store's attribution."""
+        if self._attribution is None:
+            self._attribution = store_attribution(trainer.datamodule)
+        metadata = getattr(pl_module, "data_metadata", None) or {}
+        if not metadata and callable(optional(trainer.datamodule, "variable_metadata")):
+            metadata = trainer.datamodule.variable_metadata() or {}
+        return cf_predictions(ds, list(metadata.get("target") or []), self._attribution)
 
     def _described(self, ds: xr.Dataset, trainer: Any, pl_module: Any) -> xr.Dataset:
         """``ds`` with the run's provenance: checkpoint, recipe (its text, secrets redacted) and model class."""
@@ -172,6 +184,18 @@ class PredictionWriter(BasePredictionWriter):
                 ds.attrs[f"recipe_text_{i}" if i else "recipe_text"] = redact_text(Path(recipe).read_text())
         ds.attrs["model"] = type(getattr(pl_module, "model", pl_module)).__name__
         return ds
+
+
+def store_attribution(datamodule: Any) -> dict[str, Any]:
+    """The licence, source, institution, ... of the store a DataModule reads (``store_path``); empty without one."""
+    path = getattr(datamodule, "store_path", None)
+    if not callable(path):
+        return {}
+    try:
+        with xr.open_zarr(path(), chunks=None, storage_options=getattr(datamodule, "storage_options", None)) as ds:
+            return attribution_of(ds)
+    except Exception:  # a store that cannot be opened here has already been reported by the DataModule
+        return {}
 
 
 def is_prediction_file(path: Path) -> bool:
@@ -215,7 +239,7 @@ def raw_predictions(outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
             "std": (("task", "point", "output"), std, {"long_name": "predictive standard deviation (normalised)"}),
             "x": (("task", "point", "input"), x, {"long_name": "target location"}),
         },
-        attrs={"Conventions": "CF-1.8", "source": "gridtnp predictions"},
+        attrs={"Conventions": CONVENTIONS, "source": "gridtnp predictions"},
     )
 
 
@@ -229,6 +253,7 @@ def predict(
     target_stats: Stats | None = None,
     batch_dim: str | None = None,
     target_chunk: int = TARGET_CHUNK,
+    attrs: Mapping[str, Any] | None = None,
 ) -> xr.Dataset:
     """Predictive ``mean`` and ``std`` at the points of ``targets``, given xarray context, as an ``xarray.Dataset``.
 
@@ -262,6 +287,7 @@ def predict(
     ``RAW_UNITS``), as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
+    attribution = attribution_of(*([attrs] if attrs is not None else []), *context.values(), targets)
     context, bounds = gridded_context(context, coords)
     context = check_context(model, context, coords, batch_dim)
     saved, saved_targets, target_attrs = checkpoint_statistics(module)
@@ -306,27 +332,18 @@ def predict(
     dist = calibrate(dist, batch) if callable(calibrate) else dist
     mean, std = dist.mean.float().cpu().numpy(), dist.stddev.float().cpu().numpy()  # [B, N, Dy]
     outputs = [target_stats] * mean.shape[-1] if target_stats is not None else saved_targets
-    attrs: list[dict[str, str]] = [{}] * mean.shape[-1]
+    described: list[dict[str, str]] = [{}] * mean.shape[-1]
+    names: list[str] = []
     if len(outputs) == mean.shape[-1]:
         offset, factor = np.array([o[0] for o in outputs]), np.array([o[1] for o in outputs])
         mean, std = mean * factor + offset, std * factor
-        attrs = target_attrs if target_stats is None and len(target_attrs) == mean.shape[-1] else attrs
+        if target_stats is None and len(target_attrs) == mean.shape[-1]:
+            described = target_attrs
+            names = [str(v) for v in (getattr(module, "data_metadata", None) or {}).get("target", [])]
     if target_reference is not None:
         mean = mean + target_reference
-    lead = [] if batch_dim is None else [batch_dim]
-    shape = [b] * bool(batch_dim) + [spanning.sizes[d] for d in spanning.dims]
-    dims = lead + list(spanning.dims)
-    data = {}
-    for name, values in (("mean", mean), ("std", std)):
-        for j in range(values.shape[-1]):
-            key = name if values.shape[-1] == 1 else f"{name}_{j}"
-            described = dict(attrs[j])
-            if described:
-                kind = "mean" if name == "mean" else "standard deviation"
-                described["long_name"] = f"predictive {kind} of {described['long_name']}"
-            data[key] = (dims, values[..., j].reshape(shape), described)
-    out_coords = {k: v for k, v in spanning.coords.items() if set(v.dims) <= set(spanning.dims)}
     first = next(iter(context.values()))
-    if batch_dim is not None and batch_dim in first.coords:
-        out_coords[batch_dim] = first[batch_dim].values
-    return xr.Dataset(data, coords=out_coords, attrs={"source": "gridtnp.predictions.predict"})
+    time = first.coords.get(batch_dim) if batch_dim is not None else first.coords.get("time")
+    return prediction_dataset(
+        mean, std, spanning, batch_dim, time, names, described, context_flags(module, batch), attribution
+    )

@@ -51,12 +51,12 @@ def test_predict_writes_station_predictions_with_units_and_provenance(checkpoint
         "--trainer.default_root_dir", str(tmp_path),
     )  # fmt: skip
     with xr.open_dataset(out) as ds:
-        assert ds["mean"].dims == ("time", "station") and ds.sizes["time"] == 5 * 24  # 27-31 March, every hour
+        assert ds["t2m"].dims == ("station", "time") and ds.sizes["time"] == 5 * 24  # 27-31 March, every hour
         assert str(ds.time.values[0])[:13] == "2019-03-27T00" and str(ds.time.values[-1])[:13] == "2019-03-31T23"
-        assert ds["mean"].attrs["units"] == ds["std"].attrs["units"] == "K"
+        assert ds["t2m"].attrs["units"] == ds["t2m_std"].attrs["units"] == "K"
         assert {"latitude", "longitude"} <= set(ds.coords) and ds["latitude"].dims == ("station",)
         assert float(ds.latitude.min()) > 49.9 and float(ds.latitude.max()) < 58.1
-        assert float(ds["std"].min()) > 0 and np.isfinite(ds["mean"].values).all()
+        assert float(ds["t2m_std"].min()) > 0 and np.isfinite(ds["t2m"].values).all()
         assert 250 < float(ds["observed"].mean()) < 290  # ERA5 t2m at the stations, in kelvin
         share = float(ds["is_context"].mean())
         assert 0.1 < share < 0.2  # the middle of the recipe's U[0, 0.3]
@@ -75,10 +75,11 @@ def test_predict_on_a_dense_grid_to_zarr(checkpoint: Path, tmp_path: Path) -> No
         "--trainer.default_root_dir", str(tmp_path),
     )  # fmt: skip
     ds = xr.open_dataset(out, engine="zarr")
-    assert ds["mean"].dims == ("time", "latitude", "longitude") and ds.sizes["time"] == 5 * 24
+    assert ds["t2m"].dims == ("time", "latitude", "longitude") and ds.sizes["time"] == 5 * 24
     np.testing.assert_allclose(ds.latitude.values, np.arange(50.0, 58.01, 0.5))
     np.testing.assert_allclose(ds.longitude.values, np.arange(-10.0, 2.01, 0.5))
-    assert ds["mean"].attrs["units"] == "K" and np.isfinite(ds["mean"].values).all()
+    assert ds["t2m"].attrs["units"] == "K" and np.isfinite(ds["t2m"].values).all()
+    assert ds["t2m"].attrs["standard_name"] == "air_temperature" and "featureType" not in ds.attrs
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -148,7 +149,8 @@ def test_python_api_round_trips_xarray_coordinates_and_matches_the_model() -> No
     at_stations = predict(
         module, {"grid": grid.isel(time=0), "stations": stations.isel(time=0)}, stations.isel(time=0), stats=stats
     )
-    assert at_stations["mean"].dims == ("station",) and list(at_stations.station_id.values) == list("abcde")
+    assert at_stations["mean"].dims == ("station",) and list(at_stations.station.values) == list("abcde")
+    assert at_stations["station"].attrs["cf_role"] == "timeseries_id"  # the given ids, as CF's station identifier
 
 
 def test_raw_predictions_pad_to_the_widest_batch() -> None:
@@ -223,6 +225,7 @@ def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
     )  # fmt: skip
     targets = xr.Dataset(coords={"latitude": np.linspace(51, 57, 4), "longitude": np.linspace(-8, 1, 5)})
     out = predict(module, {"grid": grid, "stations": stations}, targets)
+    out = out.rename({"t2m": "mean", "t2m_std": "std"})  # named for the checkpoint's target variable
     assert out["mean"].attrs["units"] == out["std"].attrs["units"] == "K"
     assert 250 < float(out["mean"].mean()) < 300 and float(out["std"].min()) > 0
 
@@ -249,7 +252,7 @@ def test_predict_from_a_checkpoint_alone_uses_its_statistics_and_units(
     # Longitudes given as 0-360 find the same grid points of the climatology (and the same prediction).
     east = {"grid": grid.assign_coords(longitude=grid.longitude % 360), "stations": stations.assign_coords(
         longitude=("station", stations.longitude.values % 360))}  # fmt: skip
-    np.testing.assert_allclose(predict(module, east, targets)["mean"].values, out["mean"].values, rtol=1e-5)
+    np.testing.assert_allclose(predict(module, east, targets)["t2m"].values, out["mean"].values, rtol=1e-5)
     # Already normalised values are not normalised twice in silence.
     with pytest.raises(ConfigError, match=r"normalised with the checkpoint's statistics .* already normalised"):
         predict(module, by_hand, targets)
