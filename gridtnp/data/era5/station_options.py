@@ -1,5 +1,6 @@
-"""The ``task:`` and ``predict:`` sections of ``StationReanalysisDataModule``: ``StationTaskConfig``,
-``StationPredictConfig``, each a frozen dataclass that checks itself (errors name ``task.<key>``)."""
+"""The ``task:`` and ``predict:`` sections of ``StationReanalysisDataModule``: ``StationTaskConfig`` (with its
+``coverage_dropout:`` part, ``CoverageDropout``), ``StationPredictConfig``, each a frozen dataclass that checks itself
+(errors name ``task.<key>``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gridtnp.data.sections import LoaderConfig, check_count, fraction_range
+from gridtnp.data.sections import LoaderConfig, check_count, fraction_range, section
 from gridtnp.registry import ConfigError
+
+#: The sides of the box a coarse grid can be trimmed at, in the order of ``StationTaskConfig.trim_sides``.
+SIDES = ("north", "south", "west", "east")
 
 
 def check_offset(name: str, value: Sequence[int], factors: Sequence[int]) -> tuple[int, int]:
@@ -21,6 +25,54 @@ def check_offset(name: str, value: Sequence[int], factors: Sequence[int]) -> tup
             f"block edge, below the block size {smallest}); got {value!r}."
         )
     return int(value[0]), int(value[1])
+
+
+def check_probability(key: str, value: object) -> float:
+    """``value`` as a float, or a ConfigError naming ``key`` unless ``0 <= value <= 1``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
+        raise ConfigError(f"{key} must be a probability in [0, 1]; got {value!r}.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class CoverageDropout:
+    """Parts of a training task's coarse grid left out (``task.coverage_dropout:``), so that a model has seen grids
+    that do not cover its whole box; the missing blocks are masked out of the ``"grid"`` context, never filled.
+
+    Args:
+        trim_prob: each side of the box (north, south, west, east) of a task loses its outermost block rows (or
+            columns) with this probability, as ``coarsen(..., boundary="trim")`` drops partial edge blocks.
+        max_trim: a trimmed side loses ``1..max_trim`` block rows or columns (uniform).
+        block_prob: a task loses scattered blocks (NaN coarse cells) with this probability ...
+        block_fraction: ... each of its blocks then missing with this probability.
+        patch_prob: a task loses a masked region with this probability: a rectangle of blocks ...
+        max_patch: ... ``1..max_patch`` blocks high and wide (uniform each), anywhere in the grid.
+    """
+
+    trim_prob: float = 0.0
+    max_trim: int = 1
+    block_prob: float = 0.0
+    block_fraction: float = 0.1
+    patch_prob: float = 0.0
+    max_patch: int = 3
+
+    def __post_init__(self) -> None:
+        for key in ("trim_prob", "block_prob", "block_fraction", "patch_prob"):
+            object.__setattr__(self, key, check_probability(f"task.coverage_dropout.{key}", getattr(self, key)))
+        check_count("task.coverage_dropout.max_trim", self.max_trim, 1)
+        check_count("task.coverage_dropout.max_patch", self.max_patch, 1)
+
+
+def check_trim(value: object) -> dict[str, int]:
+    """``task.eval_trim`` as ``{side: block rows or columns}``, or a ConfigError naming the side or value."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"task.eval_trim must be a mapping of sides {list(SIDES)} to counts, e.g. "
+                          f"{{south: 1, east: 1}}; got {value!r}.")  # fmt: skip
+    for side, count in value.items():
+        if side not in SIDES:
+            raise ConfigError(f"task.eval_trim has no side {side!r}; its sides: {', '.join(SIDES)}.")
+        check_count(f"task.eval_trim.{side}", count, 0)
+    return {side: int(value[side]) for side in SIDES if side in value}
 
 
 @dataclass(frozen=True)
@@ -37,6 +89,11 @@ class StationTaskConfig:
             ``random`` (uniform in ``0..c-1`` per dimension and task) or a fixed ``[lat, lon]`` pair.
         eval_coarsen: block size for validation, test and predictions; null: ``coarsen`` (its first entry if a list).
         eval_offset: ``[lat, lon]`` offset of the first block edge for validation, test and predictions.
+        eval_trim: block rows / columns left out at the box's sides in validation, test and predictions, e.g.
+            ``{south: 1, east: 1}`` (with ``eval_offset: [1, 0]``, the grid ``coarsen(..., boundary="trim")`` gives
+            on the sample's box); null: the whole box covered.
+        coverage_dropout: training tasks with parts of the coarse grid missing (trimmed sides, scattered blocks, a
+            masked region; ``CoverageDropout``), masked out of the context; null: every block of every task.
         context_fraction: ``(a, b)``: each task uses a share ``~ U[a, b]`` of the stations as context (the paper's
             U[0, 0.3]).
         targets: ``"all"`` (every station, context ones included) or ``"held_out"`` (stations not in the context).
@@ -63,6 +120,8 @@ class StationTaskConfig:
     coarsen_offset: Literal["random"] | tuple[int, int] = "random"
     eval_coarsen: int | None = None
     eval_offset: tuple[int, int] = (0, 0)
+    eval_trim: dict[str, int] | None = None
+    coverage_dropout: CoverageDropout | None = None
     context_fraction: tuple[float, float] = (0.0, 0.3)
     targets: Literal["all", "held_out"] = "all"
     time_offset_hours: int = 0
@@ -95,6 +154,11 @@ class StationTaskConfig:
                 self, "coarsen_offset", check_offset("task.coarsen_offset", self.coarsen_offset, self.factors)
             )
         object.__setattr__(self, "eval_offset", check_offset("task.eval_offset", self.eval_offset, [self.eval_factor]))
+        if self.eval_trim is not None:
+            object.__setattr__(self, "eval_trim", check_trim(self.eval_trim))
+        if self.coverage_dropout is not None:
+            dropout = section(CoverageDropout, self.coverage_dropout, "task.coverage_dropout")
+            object.__setattr__(self, "coverage_dropout", dropout)
         object.__setattr__(self, "context_fraction", fraction_range("task.context_fraction", self.context_fraction))
         for key, smallest in (("random_points", 2), ("num_targets", 1)):
             if getattr(self, key) is not None:
@@ -104,6 +168,13 @@ class StationTaskConfig:
     def factors(self) -> list[int]:
         """The training block sizes to draw from."""
         return [self.coarsen] if isinstance(self.coarsen, int) else list(self.coarsen)
+
+    @property
+    def trim_sides(self) -> tuple[int, int, int, int] | None:
+        """``eval_trim`` as block rows / columns left out at ``(north, south, west, east)``; None: no trim."""
+        if not self.eval_trim or not any(self.eval_trim.values()):
+            return None
+        return tuple(self.eval_trim.get(side, 0) for side in SIDES)  # type: ignore[return-value]
 
     @property
     def eval_factor(self) -> int:

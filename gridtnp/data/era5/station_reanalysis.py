@@ -59,6 +59,7 @@ class StationReanalysisDataModule(StoreDataModule):
     ``coarsen`` and the first block edge from ``0..c-1`` fine cells along each dimension (``coarsen_offset:
     random``), so a model cannot learn where the coarse cells happen to start; evaluation uses one fixed layout
     (``eval_coarsen``, ``eval_offset``), which can be set to any other (e.g. to test a shifted lattice).
+    ``coverage_dropout`` and ``eval_trim`` mask parts of training and evaluation grids out (``StationTaskConfig``).
 
     Context ``"stations"``: a share ``~ U[context_fraction]`` of the distinct stations inside the store's box, ``y``
     = ``station_variable`` at the station's nearest grid point (values from ERA5, as in the paper), ``x`` = that
@@ -220,6 +221,8 @@ class StationReanalysisDataModule(StoreDataModule):
             time.hour.to_numpy(np.int64),
             self.random_points,
             self.num_targets,
+            self.options.coverage_dropout,
+            self.options.trim_sides,
         )
         if self.num_targets is not None and self.num_targets >= self.task.num_stations:
             raise ConfigError(

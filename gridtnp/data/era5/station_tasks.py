@@ -1,7 +1,8 @@
 """The station + reanalysis task sampler behind ``StationReanalysisDataModule``.
 
 * ``StationReanalysisTask``: draws a batch of tasks (one hour each) of a split: the coarse context on each task's
-  block layout, a share of the stations as context, the stations (or given points) as targets.
+  block layout (training tasks with parts of it missing under ``coverage_dropout``, evaluation trimmed by
+  ``eval_trim``), a share of the stations as context, the stations (or given points) as targets.
 * ``Split``: a split's target hours and grid hours; ``SplitTask``: the ``Task`` interface of one split (training);
   ``HourSet``: every hour of a split once, in order (validation, test, predictions).
 """
@@ -19,6 +20,8 @@ from gridtnp.batch import Batch
 from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.datamodules import generator_from
 from gridtnp.data.era5.blocks import BlockLayout, LayoutTables, draw_layouts
+from gridtnp.data.era5.coverage_masks import dropout_mask, trim_mask
+from gridtnp.data.era5.station_options import CoverageDropout
 from gridtnp.data.store_datamodule import masked_observations
 
 
@@ -48,6 +51,8 @@ class StationReanalysisTask:
         hour_index: np.ndarray | None = None,
         random_points: int | None = None,
         num_targets: int | None = None,
+        coverage_dropout: CoverageDropout | None = None,
+        eval_trim: tuple[int, int, int, int] | None = None,
     ) -> None:
         self.cache, self.grid_variables, self.station_variable = cache, list(grid_variables), station_variable
         self.mean = np.array([stats[v][0] for v in self.grid_variables], dtype=np.float32)
@@ -72,6 +77,10 @@ class StationReanalysisTask:
         # Off-the-grid values at this many uniformly random fine grid points per task instead of the stations, and
         # a fixed number of held-out targets (the {On, Off}-the-grid thesis's ERA5 task).
         self.random_points, self.num_targets = random_points, num_targets
+        # Training tasks with parts of the coarse grid missing; evaluation tasks with (north, south, west, east)
+        # block rows / columns left out: masked out of the grid context.
+        self.coverage_dropout, self.eval_trim = coverage_dropout, eval_trim
+        self.ascending = (bool(self.lat[-1] >= self.lat[0]), bool(self.lon[-1] >= self.lon[0]))
         if climatology is not None and hour_index is None:
             raise ValueError("StationReanalysisTask: a climatology needs the hour of day of every time (hour_index).")
 
@@ -118,12 +127,14 @@ class StationReanalysisTask:
         pick: np.ndarray | None = None,
         share: float | None = None,
         target_x: np.ndarray | None = None,
+        training: bool = False,
     ) -> Batch:
         """``batch_size`` tasks at random hours of ``split``: context ``grid [B, G, Dy]`` and ``stations``, targets.
 
         ``pick [B]`` fixes the hours (indices into the split), ``share`` the stations' context share, and
         ``target_x [P, 2]`` replaces the station targets by those points (values unknown: ``y = 0``). Each task's
-        coarse lattice follows ``layouts[split.name]`` (``layouts["train"]`` for other names).
+        coarse lattice follows ``layouts[split.name]`` (``layouts["train"]`` for other names); ``training`` tasks
+        lose parts of it as ``coverage_dropout`` draws, the others the sides ``eval_trim`` names.
         """
         b, s = batch_size, self.num_stations
         if pick is None:
@@ -187,6 +198,10 @@ class StationReanalysisTask:
         grid_x = self.tables.centres(layout, np.float32)  # [B, G, 2]
         y_grid = (coarse / self.std).astype(np.float32)
         grid_ok = np.isfinite(y_grid).all(-1) & layout.exists
+        if training and self.coverage_dropout is not None:  # drawn last: the draws above stay as they were
+            grid_ok &= dropout_mask(layout, self.coverage_dropout, generator, *self.ascending)
+        elif not training and self.eval_trim is not None:
+            grid_ok &= trim_mask(layout, np.asarray(self.eval_trim), *self.ascending)
         if self.hour_of_day is not None:  # (sin, cos) of the target's hour of day on every block: [B, G, 2]
             angle = 2 * np.pi * self.hour_of_day[t_target] / 24.0
             clock = np.stack([np.sin(angle), np.cos(angle)], -1).astype(np.float32)
@@ -256,7 +271,7 @@ class SplitTask:
         self.task, self.split = task, split
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        return self.task.sample(batch_size, generator, self.split)
+        return self.task.sample(batch_size, generator, self.split, training=self.split.name == "train")
 
 
 class HourSet(Dataset):
