@@ -137,13 +137,17 @@ def context_flags(module: Any, batch: Any) -> np.ndarray | None:
 
 def station_dimension(ds: xr.Dataset) -> str | None:
     """The dimension of station targets: the one dimension ``latitude`` and ``longitude`` both lie along, when it is
-    not theirs (a map) and points do not carry their own ``time`` (points scattered in time)."""
+    not theirs (a map), points do not carry their own ``time`` and no location comes twice (points scattered in
+    time, such as a multi-source window's)."""
     if "latitude" not in ds.coords or "longitude" not in ds.coords:
         return None
     lat, lon = ds["latitude"], ds["longitude"]
     if lat.ndim != 1 or lat.dims != lon.dims or lat.dims[0] in ("latitude", "longitude"):
         return None
     if "time" in ds.coords and ds["time"].ndim == 1 and ds["time"].dims == lat.dims:
+        return None
+    pairs = np.stack([lat.values, lon.values], -1)
+    if len(np.unique(pairs, axis=0)) < len(pairs):  # a location twice: points in time or levels, not stations
         return None
     return str(lat.dims[0])
 

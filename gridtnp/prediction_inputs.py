@@ -7,6 +7,8 @@
 * ``checkpoint_statistics(module)``: the normalisation statistics, names and units a checkpoint keeps.
 * ``observations(name, array, coords, batch_dim, stats, origin, centre)``: one context source as ``Observations``.
 * ``template(obj, coords)`` and ``points(template, coords, what, centre)``: the targets' locations ``[N, Dx]``.
+* ``station_targets(table)``: the stations of a table of station reports (``read_observations``'s, or any with
+  ``station_id``, ``latitude``, ``longitude`` and optional ``elevation`` columns) as targets, ids kept.
 * ``geographic_inputs(x, coords, what, centre)`` and ``longitude_centre(model, coords)``: latitudes checked,
   longitudes wrapped into the convention of the model's grid.
 """
@@ -110,6 +112,25 @@ def check_context(
             )
         context[name] = array.sel({batch_dim: reference})  # paired by value, not by position
     return context
+
+
+def station_targets(table: pd.DataFrame) -> xr.Dataset:
+    """Each station ``[S]`` of ``table`` (one row per report or per station) once, in order of first appearance:
+    a ``(station,)`` Dataset whose ``station`` coordinate is the ``station_id`` and with ``latitude``,
+    ``longitude`` (and ``elevation`` where the table has it) coordinates."""
+    missing = [c for c in ("station_id", "latitude", "longitude") if c not in table.columns]
+    if missing:
+        raise ConfigError(
+            f"predict: the targets table has no column {', '.join(missing)}; a table of stations needs station_id, "
+            f"latitude and longitude (and may have elevation); it has {', '.join(map(str, table.columns))}."
+        )
+    first = table.drop_duplicates("station_id")
+    ids = first["station_id"].astype(str).to_numpy().astype(object)
+    coords: dict[str, Any] = {"station": ids}
+    for name in ("latitude", "longitude", "elevation"):
+        if name in first.columns and (name != "elevation" or first[name].notna().any()):
+            coords[name] = ("station", first[name].to_numpy(np.float64))
+    return xr.Dataset(coords=coords)
 
 
 def template(obj: xr.DataArray | xr.Dataset, coords: Sequence[str]) -> xr.DataArray:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 import xarray as xr
 import zarr
@@ -51,6 +52,7 @@ from gridtnp.prediction_inputs import (
     longitude_centre,
     observations,
     points,
+    station_targets,
     template,
 )
 from gridtnp.redaction import redact_text
@@ -247,7 +249,7 @@ def raw_predictions(outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
 def predict(
     module: torch.nn.Module,
     context: Mapping[str, xr.DataArray | xr.Dataset],
-    targets: xr.DataArray | xr.Dataset,
+    targets: xr.DataArray | xr.Dataset | pd.DataFrame,
     coords: Sequence[str] = ("latitude", "longitude"),
     stats: Mapping[str, Stats] | None = None,
     target_stats: Stats | None = None,
@@ -260,7 +262,10 @@ def predict(
     ``context`` maps each of the model's context sources to a DataArray of values (NaN = missing) whose ``coords``
     (e.g. latitude and longitude, in the model's input order) locate every element: a gridded field
     ``(latitude, longitude)`` or stations ``(station,)`` with latitude/longitude coordinates. ``targets`` is any
-    DataArray/Dataset with those coordinates; the result has its dims and coordinates. ``stats[source] = (mean,
+    DataArray/Dataset with those coordinates, or a table of station reports (``pandas.DataFrame`` with
+    ``station_id``, ``latitude``, ``longitude``, e.g. ``gridtnp.data.observations.read_observations``'s: each
+    station once, its id kept); the result has its dims and coordinates, as CF (``prediction_cf``): station time
+    series or maps, with ``attrs`` (the input's global attributes) carried over. ``stats[source] = (mean,
     std)`` normalise the context values and ``target_stats`` un-normalises the predictions (the statistics the
     model was trained with, e.g. ``gridtnp.data.store.normalisation_stats``); without them, those the module's
     checkpoint keeps are used (``NeuralProcessModule`` saves the ERA5 DataModules' statistics, variable names and
@@ -287,6 +292,8 @@ def predict(
     ``RAW_UNITS``), as are values that the statistics do not bring near the normalised range.
     """
     model = getattr(module, "model", module)
+    if isinstance(targets, pd.DataFrame):  # a table of station reports, e.g. read_observations'
+        targets = station_targets(targets)
     attribution = attribution_of(*([attrs] if attrs is not None else []), *context.values(), targets)
     context, bounds = gridded_context(context, coords)
     context = check_context(model, context, coords, batch_dim)

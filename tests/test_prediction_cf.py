@@ -121,3 +121,23 @@ def test_stations_without_identifiers_are_named_by_their_location() -> None:
     assert out.station.values[0] == f"{lat:+07.3f}{lon:+08.3f}" and len(out.station.values[0]) == 15
     assert out.attrs["featureType"] == "point" and out["time"].ndim == 0  # the context's time, kept
     assert out["t2m"].dims == ("station",)
+
+
+def test_targets_from_a_table_of_station_reports_keep_their_ids(tmp_path: Path) -> None:
+    """Targets given as a station observation file (read by ``read_observations``): each station once, its id and
+    elevation carried through to the output."""
+    from gridtnp.data.observations.table import read_observations
+
+    module = station_model()
+    field, stations, reporting = inputs()
+    rows = ["station_id,time,latitude,longitude,elevation,t2m"]
+    for i, sid in enumerate(IDS[:4]):
+        lat, lon = stations.latitude.values[i], stations.longitude.values[i]
+        rows += [f"{sid},2019-03-28T{h:02d}:00,{lat:.4f},{lon:.4f},{10 * i},{281 + h}" for h in range(2)]
+    (tmp_path / "obs.csv").write_text("\n".join(rows) + "\n")
+    table, problems = read_observations(tmp_path / "obs.csv")
+    assert not problems
+    out = predict(module, {"grid": field["t2m"], "stations": reporting}, table, batch_dim="time")
+    assert sorted(out.station.values) == sorted(IDS[:4]) and out["t2m"].dims == ("station", "time")
+    assert out["elevation"].attrs["standard_name"] == "surface_altitude" and out["elevation"].attrs["units"] == "m"
+    np.testing.assert_allclose(out["elevation"].sel(station=IDS[2]), 20.0)
