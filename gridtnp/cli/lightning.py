@@ -36,11 +36,13 @@ from gridtnp.registry import ConfigError
 from gridtnp.training.checkpointing import (
     LOGGER_VERSION,
     Checkpoint,
+    CheckpointError,
     SaveConfig,
     best_checkpoint,
     checkpoint_entry,
     checkpoint_step,
     resume_checkpoint,
+    unusable_reason,
 )
 from gridtnp.training.locks import claim_version, lock_directory, unlock_directory
 
@@ -257,10 +259,14 @@ class GridTNPCLI(LightningCLI):
         self.download_dir = tempfile.mkdtemp(prefix="gridtnp-checkpoint-")
         self.ckpt_address = redact_url(address)
         try:
-            return str(local_checkpoint(address, self.download_dir))
+            local = local_checkpoint(address, self.download_dir)
+            reason = unusable_reason(local)  # named by its address, not by the temporary copy
+            if reason is not None:
+                raise CheckpointError(f"checkpoint {self.ckpt_address} is {reason}.")
         except BaseException:
             shutil.rmtree(self.download_dir, ignore_errors=True)
             raise
+        return str(local)
 
     @staticmethod
     def _best_checkpoint(config: Any) -> str:

@@ -132,6 +132,61 @@ def locked(directory: Path) -> Path:
     return directory
 
 
+def locked_by_live_process(lock: Path) -> Path:
+    """A lock file held by a live process (this test's parent), its parent folders made."""
+    import os
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(f"{os.getppid()} {__import__('socket').gethostname()}")
+    return lock
+
+
+def code_running_checkpoint(path: Path, marker: Path) -> Path:
+    """A checkpoint with a training state whose pickle, unpickled with code allowed, writes ``marker``."""
+
+    class Payload:
+        def __reduce__(self):
+            return (exec, (f"open({str(marker)!r}, 'w').write('ran')",))
+
+    __import__("torch").save({"state_dict": {}, "global_step": 1, "payload": Payload()}, path)
+    return path
+
+
+def evil(tmp: Path) -> Path:
+    """``tmp/e.ckpt``, a checkpoint that writes ``tmp/ran`` when unpickled with code allowed."""
+    return code_running_checkpoint(tmp / "e.ckpt", tmp / "ran")
+
+
+_SERVERS: list = []
+
+
+def served(path: Path, user: str = "") -> str:
+    """``path``'s address on a local HTTP server (``user``: credentials written into the address)."""
+    from tests.http_server import LocalHTTPServer
+
+    server = LocalHTTPServer(path.parent).__enter__()
+    _SERVERS.append(server)
+    return server.url(path.name).replace("http://", f"http://{user}@" if user else "http://")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_servers():
+    yield
+    while _SERVERS:
+        _SERVERS.pop().__exit__(None, None, None)
+
+
+def module_with_import_effect(folder: Path, marker: Path) -> str:
+    """The name of an importable module (``folder`` put on ``sys.path``) that writes ``marker`` when imported."""
+    import sys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"marker_module_{abs(hash(str(folder)))}"
+    (folder / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\nclass Model: ...\n")
+    sys.path.insert(0, str(folder))
+    return name
+
+
 def recipe_text(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -592,6 +647,81 @@ CASES: list[Case] = [
         lambda ck, t: None,
     ),
     (
+        "a checkpoint URL whose pickle runs code (test)",
+        lambda ck, t: eval_args("test", None, t, "--ckpt_path", served(evil(t))),
+        "checkpoint http://127.0.0.1:",
+        lambda ck, t: t / "ran",
+    ),
+    (
+        "a checkpoint URL whose pickle runs code (fit)",
+        lambda ck, t: fit_args(t, "--ckpt_path", served(evil(t))),
+        "is not loadable safely",
+        lambda ck, t: t / "ran",
+    ),
+    (
+        "a file:// checkpoint whose pickle runs code (predict)",
+        lambda ck, t: eval_args("predict", None, t, "--ckpt_path", f"file://{evil(t)}"),
+        "is not loadable safely",
+        lambda ck, t: t / "ran",
+    ),
+    (
+        "a checkpoint file whose pickle runs code (validate)",
+        lambda ck, t: eval_args("validate", evil(t), t),
+        "e.ckpt is not loadable safely: it holds the Python object exec, which is neither",
+        lambda ck, t: t / "ran",
+    ),
+    (
+        "a checkpoint whose pickle runs code (plot)",
+        lambda ck, t: ["plot", "--config", CNP, "--ckpt_path", str(evil(t)), "--out", str(t / "figs")],
+        "is not loadable safely",
+        lambda ck, t: t / "ran",
+    ),
+    (
+        "a checkpoint URL that cannot be downloaded, with a password in it",
+        lambda ck, t: eval_args("test", None, t, "--ckpt_path", "http://user:pw123@127.0.0.1:9/x.ckpt"),
+        "--ckpt_path http://user:***@127.0.0.1:9/x.ckpt: cannot download it",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "a recipe class_path in a module with import side effects",
+        lambda ck, t: [
+            "fit",
+            "--config",
+            CNP,
+            "--config",
+            str(
+                recipe_text(
+                    t / "foreign.yaml",
+                    f"model:\n  class_path: {module_with_import_effect(t / 'mods', t / 'ran')}.Model\n",
+                )
+            ),
+        ],
+        "gridtnp imports classes only from gridtnp, Lightning, torch and packages registered through",
+        lambda ck, t: t / "ran",
+    ),
+    (
+        "a callback class_path of a module not yet imported",
+        lambda ck, t: fit_args(t, "--trainer.callbacks+=this.Zen"),
+        "class_path 'this.Zen': gridtnp imports classes only from",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "the default checkpoint folder in use by a live run",
+        lambda ck, t: fit_args(t) if locked_by_live_process(t / "run" / "checkpoints" / ".gridtnp.lock") else [],
+        "run/checkpoints is in use by a running gridtnp fit",
+        lambda ck, t: t / "run",
+    ),
+    (
+        "prepare onto an --out another prepare is writing",
+        lambda ck, t: (
+            ["data", "prepare", str(grid_file(t / "a.nc")), "--out", str(t / "s.zarr")]
+            if locked_by_live_process(t / ".s.zarr.lock")
+            else []
+        ),
+        "s.zarr is being written by another gridtnp data prepare (process",
+        lambda ck, t: t / ".s.zarr.partial",
+    ),
+    (
         "prepare latitudes beyond the poles",
         lambda ck, t: ["data", "prepare", str(polar_file(t / "polar.nc")), "--out", str(t / "s.zarr")],
         "latitude 100 is outside [-90, 90]",
@@ -892,16 +1022,19 @@ class RemoteSynthetic(__import__("gridtnp.data", fromlist=["SyntheticDataModule"
         **kwargs: ``SyntheticDataModule``'s arguments.
     """
 
-    def __init__(self, storage_options: dict | None = None, **kwargs) -> None:
+    def __init__(self, storage_options: dict | None = None, source: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.storage_options = storage_options
+        self.storage_options, self.source = storage_options, source
 
 
 def test_a_token_reaches_no_output_file(tmp_path):
+    """Tokens, AWS keys, a password in an address and a secret in a comment: in no file a run writes."""
     recipe = tmp_path / "remote.yaml"
     recipe.write_text(
-        Path(CNP).read_text().replace("gridtnp.data.SyntheticDataModule", "tests.cli.test_cli_errors.RemoteSynthetic")
-        + "    storage_options: {token: s3cr3t-token, project: demo}\n"
+        "# password: s3cr3t-in-a-comment\n"
+        + Path(CNP).read_text().replace("gridtnp.data.SyntheticDataModule", "tests.cli.test_cli_errors.RemoteSynthetic")
+        + "    storage_options: {token: s3cr3t-token, project: demo, key: AKIAS3CR3TS3CR3TS3CR, secret: s3cr3t-aws}\n"
+        + "    source: http://user:s3cr3t-pw@127.0.0.1:9/era5.zarr\n"
     )
     common = [
         "--config",
@@ -918,10 +1051,16 @@ def test_a_token_reaches_no_output_file(tmp_path):
           "--plots.every_n_validations", "0"])  # fmt: skip
     main(["predict", *common, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"),
           "--predictions.path", str(tmp_path / "pred.nc")])  # fmt: skip
+    main(["report", "--config", str(recipe), "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"), *SMALL_DATA,
+          "--num_tasks", "1", "--out", str(tmp_path / "report.html")])  # fmt: skip
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p != recipe]
-    assert {"config.yaml", "last.ckpt", "hparams.yaml", "pred.nc"} <= {p.name for p in written}
-    leaked = [str(p.relative_to(tmp_path)) for p in written if b"s3cr3t" in p.read_bytes()]
+    names = {p.name for p in written}
+    assert {"config.yaml", "last.ckpt", "hparams.yaml", "pred.nc", "report.html"} <= names
+    assert any(name.startswith("events.out.tfevents") for name in names)
+    leaked = [str(p.relative_to(tmp_path)) for p in written if b"s3cr3t" in p.read_bytes() or b"AKIA" in p.read_bytes()]
     assert not leaked
+    page = (tmp_path / "report.html").read_text()
+    assert "http://user:***@127.0.0.1:9/era5.zarr" in page and "REDACTED" in page  # the recipe, redacted
 
 
 def test_ckpt_path_last_finds_the_newest_checkpoint(cnp_checkpoint, tmp_path, capsys):
@@ -932,3 +1071,69 @@ def test_ckpt_path_last_finds_the_newest_checkpoint(cnp_checkpoint, tmp_path, ca
         args=eval_args("test", None, tmp_path, "--ckpt_path", "last", "--checkpoint.dirpath", str(ckpt.parent))
     )
     assert cli.trainer.ckpt_path == str(ckpt) and f"last checkpoint: {ckpt}" in capsys.readouterr().out
+
+
+def test_a_checkpoint_url_is_tested_from_a_checked_local_copy(cnp_checkpoint, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.chdir(tmp_path)
+    url = served(copy_of(tmp_path / "served" / "good.ckpt", cnp_checkpoint))
+    downloads = set(Path(tempfile.gettempdir()).glob("gridtnp-checkpoint-*"))
+    main(eval_args("test", None, tmp_path, "--ckpt_path", url))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "served"]  # no http:/HOST/... folder
+    assert set(Path(tempfile.gettempdir()).glob("gridtnp-checkpoint-*")) == downloads  # the copy is gone
+    (metrics,) = (tmp_path / "run").rglob("test_metrics.json")
+    assert __import__("json").loads(metrics.read_text())["checkpoint"] == url
+
+
+def test_prepare_from_an_address_keeps_it_without_its_password(tmp_path):
+    import json
+
+    import zarr
+
+    (tmp_path / "in").mkdir()
+    url = served(grid_file(tmp_path / "in" / "a.nc"), user="user:s3cr3t-pw")
+    main(["data", "prepare", url, "--out", str(tmp_path / "s.zarr"), "--quiet"])
+    provenance = json.loads(json.dumps(dict(zarr.open_group(str(tmp_path / "s.zarr")).attrs)))["gridtnp_provenance"]
+    shown = url.replace("s3cr3t-pw", "***")
+    assert provenance["sources"] == [shown] and f"prepare {shown} --out" in provenance["command"]
+    assert not [p for p in (tmp_path / "s.zarr").rglob("*") if p.is_file() and b"s3cr3t" in p.read_bytes()]
+
+
+def test_two_fits_started_together_without_a_checkpoint_folder_get_their_own(tmp_path):
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "gridtnp.cli", "fit", "--config", CNP, "--trainer.max_steps", "2",
+            "--trainer.limit_val_batches", "0", "--plots.every_n_validations", "0",
+            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    runs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    errors = [run.communicate(timeout=600)[1].decode() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], errors
+    folders = sorted(p.parent.parent.name for p in tmp_path.glob("lightning_logs/*/checkpoints/last.ckpt"))
+    assert folders == ["version_0", "version_1"]
+
+
+def test_a_stale_lock_is_taken_over_by_one_process_only(tmp_path):
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gridtnp.training.locks import LockBusy, release_lock, take_lock
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / ".gridtnp.lock"
+    lock.write_text(f"{dead.pid} {__import__('socket').gethostname()}")
+
+    def attempt(_: int):
+        try:
+            return take_lock(lock)
+        except LockBusy:
+            return None
+
+    with ThreadPoolExecutor(8) as pool:  # each thread opens the file itself: one flock each, as processes have
+        held = [h for h in pool.map(attempt, range(8)) if h is not None]
+    assert len(held) == 1 and lock.read_text().split()[0] != str(dead.pid)
+    release_lock(held[0])
+    assert not lock.exists()
