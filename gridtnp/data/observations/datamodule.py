@@ -203,6 +203,7 @@ class ObservationDataModule(StationReanalysisDataModule):
             reports, held, len(time), layouts=layouts, context_fraction=self.context_fraction, targets=self.targets,
             hour_of_day=clock, hour_index=time.hour.to_numpy(np.int64),
             climatology=self.hourly_climatology(ds, variables, path, region) if self.climatology else None,
+            coverage_dropout=self.options.coverage_dropout, eval_trim=self.options.trim_sides,
         )  # fmt: skip
 
     def describe(self) -> str:

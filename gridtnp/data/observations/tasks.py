@@ -88,27 +88,29 @@ class ObservationTask(StationReanalysisTask):
         pick: np.ndarray | None = None,
         share: float | None = None,
         target_x: np.ndarray | None = None,
+        training: bool = False,
     ) -> Batch:
         """``batch_size`` tasks at hours ``pick [B]`` of ``split`` (random when None): the station task's
         ``"grid"`` context; ``"stations"``: reports of observed stations, ``[B, Nc]`` padded and masked.
 
-        Training (``split.name == "train"``, no ``share``): a share ``~ U[context_fraction]`` of the observed
-        stations that reported is context; targets are the other reporting observed stations (``held_out``) or all
-        of them (``all``); held-out stations never appear. Otherwise every observed station that reported is
-        context; targets are the held-out stations that reported (validation, test) or, with ``share`` given
-        (predictions), every station in station order (``y = 0`` where there is no report) or ``target_x``.
+        ``training`` (the training stream; its grids also lose parts under ``coverage_dropout``): a share
+        ``~ U[context_fraction]`` of the observed stations that reported is context; targets are the other reporting
+        observed stations (``held_out``) or all of them (``all``); held-out stations never appear. Otherwise every
+        observed station that reported is context; targets are the held-out stations that reported (validation,
+        test) or, with ``share`` given (predictions), every station in station order (``y = 0`` where there is no
+        report) or ``target_x``.
         """
         b, s = batch_size, len(self.station_x)
         if pick is None:
             pick = torch.randint(len(split.target_time), (b,), generator=generator).numpy()
-        base = super().sample(b, generator, split, pick, 0.0, target_x)
+        base = super().sample(b, generator, split, pick, 0.0, target_x, training)
         hours = split.target_time[pick]
         reference = self.reference(self.station_variable, hours, self.station_flat)
         y = (self.values[self.rows[hours]] - reference) / self.station_std  # [B, S]; row -1: the NaN row
         reported = np.isfinite(y)
         eligible = reported & self.observed
         count = eligible.sum(1)
-        if split.name == "train" and share is None:
+        if training:
             low, high = self.context_fraction
             share_b = (low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64)).numpy()
             n_ctx = np.clip(np.floor(share_b * count).astype(np.int64), 0, np.maximum(count - 1, 0))
