@@ -68,7 +68,8 @@ class GridTNPCLI(LightningCLI):
         # may name their DataModule by registry name (gridtnp.cli.recipe_names).
         from gridtnp.cli.recipe_names import RECIPE_MODE
 
-        no_exit = {"exit_on_error": False, "parser_mode": RECIPE_MODE}
+        # allow_abbrev False: `--trainer.max_step 30` is an error naming max_steps, not silently max_steps.
+        no_exit = {"exit_on_error": False, "parser_mode": RECIPE_MODE, "allow_abbrev": False}
         kwargs.setdefault(
             "parser_kwargs", {**no_exit, **{sub: no_exit for sub in ("fit", "validate", "test", "predict")}}
         )
@@ -151,6 +152,7 @@ class GridTNPCLI(LightningCLI):
             ]
         if rank_zero:
             self.locks = [lock_directory(d) for d in explicit_dirs or [self._default_checkpoint_dir()]]
+            print("gridtnp: setting up the data and the devices ...", flush=True)
 
     def _default_checkpoint_dir(self) -> str:
         """The folder Lightning writes checkpoints to without ``--checkpoint.dirpath`` (``<logger folder>/version_N/
@@ -169,6 +171,10 @@ class GridTNPCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         for logger in trainer.loggers:
             redacting(logger)
+        if subcommand == "fit":
+            from gridtnp.training.summary import RunSummary
+
+            trainer.callbacks.insert(0, RunSummary())  # start-up and validation lines, the end-of-fit summary
         return trainer
 
     def before_instantiate_classes(self) -> None:
@@ -176,6 +182,8 @@ class GridTNPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         check_trainer_options(config)
+        if subcommand == "fit" and rank_zero_only.rank == 0:
+            print("gridtnp: building the model and the DataModule ...", flush=True)
 
     def _run_subcommand(self, subcommand: str) -> None:
         try:
@@ -186,19 +194,34 @@ class GridTNPCLI(LightningCLI):
             if getattr(self, "download_dir", None):
                 shutil.rmtree(self.download_dir, ignore_errors=True)
 
-    def after_fit(self) -> None:
-        """A run stopped by SIGTERM / SIGINT exits with status 128 + signal, after saying where it stopped."""
-        stopped = [cb.stop_signal for cb in self.trainer.checkpoint_callbacks if getattr(cb, "stop_signal", None)]
-        if stopped:
-            signum = stopped[0]
+    def fit(self, **kwargs: Any) -> None:
+        """``trainer.fit``; a second Ctrl-C (``HardStop``) ends it at once with a line saying what was saved."""
+        from gridtnp.training.signals import HardStop
+        from gridtnp.training.summary import stop_line
+
+        try:
+            self.trainer.fit(**kwargs)
+        except HardStop:
             if self.trainer.is_global_zero:
-                print(
-                    f"gridtnp: stopped by {signal.Signals(signum).name} after step {self.trainer.global_step}; "
-                    "last.ckpt written. Rerun the same command to resume.",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(stop_line(self.trainer, getattr(self, "argv", []), None), file=sys.stderr, flush=True)
+            launcher = self.trainer.strategy.launcher
+            if launcher is not None and hasattr(launcher, "kill"):
+                launcher.kill(signal.SIGKILL)  # ranks started by this process (they would wait for it)
+            raise SystemExit(128 + signal.SIGINT) from None
+
+    def after_fit(self) -> None:
+        """A run stopped by a signal exits with status 128 + signal after saying what it saved; a finished run
+        prints its checkpoints, best validation and the commands to test or report it."""
+        from gridtnp.training.summary import fit_summary, stop_line
+
+        stopped = [cb for cb in self.trainer.checkpoint_callbacks if getattr(cb, "stop_signal", None)]
+        if stopped:
+            signum = stopped[0].stop_signal
+            if self.trainer.is_global_zero:
+                print(stop_line(self.trainer, getattr(self, "argv", []), signum), file=sys.stderr, flush=True)
             raise SystemExit(128 + signum)
+        if self.trainer.is_global_zero:
+            print(fit_summary(self.trainer, getattr(self, "argv", [])), flush=True)
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads an explicit --ckpt_path's hyperparameters while parsing: check the file first, so that

@@ -1,141 +1,48 @@
-"""Fault-tolerant checkpoints: atomic writes, a kept previous version, integrity checks, resume resolution, RNG state.
+"""Fault-tolerant checkpoints: resume resolution, the best checkpoint, and gridtnp's checkpoint callback.
 
-* ``AtomicCheckpointIO`` writes every checkpoint to a temporary file in the same directory, fsyncs it and renames it
-  into place, so a crash or pre-emption mid-write never leaves a half-written ``last.ckpt``. When it overwrites a
-  file (``last.ckpt``), the old version is kept as ``last.previous.ckpt``.
-* ``verify_checkpoint`` checks a file is a complete archive whose records match their CRC-32 (torch checkpoints are
-  zip archives), without unpickling it.
+* Atomic writes, the kept previous version and integrity checks: ``gridtnp.training.checkpoint_files`` (imported
+  from here too).
 * ``resume_checkpoint`` picks the newest readable checkpoint of a run (its checkpoint directories and Lightning's
   SLURM ``hpc_ckpt_*.ckpt``), warning about, naming and skipping every corrupt or truncated file.
 * ``Checkpoint`` is gridtnp's ``ModelCheckpoint``: best-by-metric plus a ``last.ckpt`` that always holds the latest
   state, rewritten every ``last_every_n_steps`` steps, at the end of each epoch and after each validation; it also
-  stores every rank's RNG states and restores them when training resumes.
+  stores every rank's RNG states (``gridtnp.training.rng``) and restores them when training resumes, and saves and
+  stops (or requeues) on the signals of ``gridtnp.training.signals``.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import random
-import shutil
-import signal
-import threading
-import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 
-from gridtnp.files import atomic_write, is_url, remove_path
+from gridtnp.files import is_url, remove_path
 from gridtnp.metrics import monitored_direction
-from gridtnp.redaction import redact, redact_url
+from gridtnp.redaction import redact
 from gridtnp.registry import ConfigError
-from gridtnp.training.checkpoint_loading import UnsafeCheckpointError, load_checkpoint
+from gridtnp.training.checkpoint_files import (  # noqa: F401 (imported from here)
+    PREVIOUS,
+    AtomicCheckpointIO,
+    CheckpointError,
+    checkpoint_entry,
+    checkpoint_step,
+    previous_path,
+    unusable_reason,
+    verify_checkpoint,
+)
+from gridtnp.training.config_saving import CONFIG_NAME, SaveConfig  # noqa: F401 (imported from here)
+from gridtnp.training.rng import all_gather_objects, rng_state, set_rng_state
+from gridtnp.training.signals import SignalPath, disable_lightning_requeue, requeue_job
 
-PREVIOUS = ".previous"  # last.ckpt -> last.previous.ckpt
-CONFIG_NAME = "config.yaml"
 LOGGER_VERSION = "gridtnp_logger_version"  # checkpoint entry: the logger version (folder) of the run
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used, with what was wrong and which file."""
-
-
-def previous_path(path: str | os.PathLike) -> Path:
-    """The file that keeps the version of ``path`` it replaced: ``last.ckpt`` -> ``last.previous.ckpt``."""
-    path = Path(path)
-    return path.with_name(path.stem + PREVIOUS + path.suffix)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose saves are atomic (temporary file, fsync, rename) and keep the replaced version.
-
-    Remote paths (``s3://...``) fall back to Lightning's writer.
-    """
-
-    def __init__(self, keep_previous: bool = True) -> None:
-        super().__init__()
-        self.keep_previous = keep_previous
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None or is_url(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        previous = previous_path(path) if self.keep_previous else None
-        try:
-            atomic_write(path, lambda f: torch.save(checkpoint, f), previous)
-        except (OSError, RuntimeError) as err:
-            # torch.save reports a full disk as "[enforce fail at inline_container.cc] ... file write failed".
-            directory = Path(path).parent
-            free = shutil.disk_usage(directory).free if directory.is_dir() else 0
-            full = getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err) or free < 2**20
-            if not full:
-                raise
-            raise CheckpointError(
-                f"cannot write checkpoint {path}: no space left on the device of {directory} "
-                f"({free / 2**20:.1f} MB free); the previous checkpoint is intact. Free some space or point "
-                "--checkpoint.dirpath at another disk, then rerun the same command to resume."
-            ) from err
-
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        """Tensors and plain values only (``gridtnp.training.checkpoint_loading``), whatever Lightning asks for."""
-        if is_url(path):
-            raise CheckpointError(f"checkpoint {redact_url(str(path))}: download it and pass the local file.")
-        return load_checkpoint(path)
-
-
-def verify_checkpoint(path: str | os.PathLike) -> str | None:
-    """``None`` if ``path`` is a complete torch checkpoint whose records match their CRC-32, else what is wrong."""
-    try:
-        if os.path.getsize(path) == 0:
-            return "empty file"
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except zipfile.BadZipFile as err:
-        return f"truncated or not a torch checkpoint archive ({err})"
-    except (OSError, EOFError, RuntimeError) as err:
-        return f"unreadable ({err})"
-    if bad is not None:
-        return f"corrupt record {bad!r} (CRC-32 mismatch)"
-    return None
-
-
-def unusable_reason(path: str | os.PathLike) -> str | None:
-    """``None`` if ``path`` is an intact checkpoint that loads safely (``weights_only``) and holds a training
-    state (``state_dict``, ``global_step``), else what is wrong: damage, unsafe pickled objects or a foreign file."""
-    reason = verify_checkpoint(path)
-    if reason is not None:
-        return reason
-    try:
-        ckpt = load_checkpoint(path, mmap=True)
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return err.reason if isinstance(err, UnsafeCheckpointError) else f"unreadable ({first[:120]})"
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
-        return "not a training checkpoint (no state_dict / global_step): a file `gridtnp fit` did not write"
-    return None
-
-
-def checkpoint_entry(path: str | os.PathLike, key: str) -> Any:
-    """One top-level entry of a (verified) checkpoint, or None; tensors are memory-mapped, not read."""
-    try:
-        ckpt = load_checkpoint(path, mmap=True)
-    except Exception:
-        return None
-    return ckpt.get(key) if isinstance(ckpt, dict) else None
-
-
-def checkpoint_step(path: str | os.PathLike) -> int | None:
-    """The ``global_step`` stored in a (verified) checkpoint."""
-    step = checkpoint_entry(path, "global_step")
-    return int(step) if step is not None else None
 
 
 def _priority(path: Path) -> int:
@@ -252,40 +159,6 @@ def check_filename(filename: str | None) -> None:
         )
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's torch, CUDA, numpy and Python RNG states, as types ``torch.load(weights_only=True)`` accepts."""
-    kind, key, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos)}
-        | {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore states from ``rng_state``."""
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _all_gather_objects(trainer: L.Trainer, obj: Any) -> list[Any]:
-    """``obj`` from every rank (a collective call), or ``[obj]`` when not distributed."""
-    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        gathered: list[Any] = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, obj)
-        return gathered
-    return [obj]
-
-
 class Checkpoint(ModelCheckpoint):
     """``ModelCheckpoint`` with a ``last.ckpt`` that always holds the latest state, written atomically.
 
@@ -296,11 +169,12 @@ class Checkpoint(ModelCheckpoint):
     uses Lightning's default writer), so the replaced ``last.ckpt`` survives as ``last.previous.ckpt``. Every
     rank's RNG states are stored and restored when training resumes.
 
-    Signals, as a cluster expects: on SIGTERM (what SLURM, Kubernetes and ``timeout`` send first) or SIGINT the
-    current step finishes, ``last.ckpt`` is written and training stops; ``stop_signal`` then holds the signal and
-    the CLI exits with status 128 + signal. A second SIGINT interrupts at once. Outside SLURM (whose requeue handler
-    Lightning installs), SIGUSR1 writes ``last.ckpt`` after the current step and training goes on. Under DDP the
-    ranks agree on the step (a max-reduce of the flags after every step), so every rank saves the same one.
+    Signals (``gridtnp.training.signals``): on SIGTERM (what Slurm, Kubernetes and ``timeout`` send first), SIGINT
+    or SIGHUP the current step finishes, ``last.ckpt`` is written and training stops without another validation;
+    ``stop_signal`` then holds the signal and the CLI exits with status 128 + signal. Under Slurm, SIGUSR1 does the
+    same and requeues the job (``requeued`` says how it went); elsewhere it writes ``last.ckpt`` and training goes
+    on. A second SIGINT stops at once (``HardStop``). Under DDP the ranks agree on the step (a max-reduce after
+    every step and after every validation), so every rank saves the same one, collectively.
 
     The mode follows the monitored metric: the model's torchmetrics object of that name says whether higher is
     better (``gridtnp.metrics.monitored_direction``), so a new metric needs no list of names; a ``mode`` that would
@@ -328,8 +202,8 @@ class Checkpoint(ModelCheckpoint):
         self._last_written_step = -1
         self._pending_rng: dict[str, Any] | None = None
         self.stop_signal: int | None = None  # the signal that stopped training, once it has
-        self._received: dict[int, bool] = {}  # signal -> received, set by the handlers
-        self._previous_handlers: dict[int, Any] = {}
+        self.requeued: str | None = None  # what ``scontrol requeue`` did, once a requeue signal stopped training
+        self.signals = SignalPath()
 
     def follow_metric(self, pl_module: L.LightningModule) -> None:
         """Set the mode from the monitored metric's ``higher_is_better``, or refuse a given mode against it."""
@@ -351,38 +225,24 @@ class Checkpoint(ModelCheckpoint):
                 f"model ({better} is better for it); use mode {'max' if higher else 'min'}, or leave mode out."
             )
 
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.signals.install(trainer)  # after Lightning's handlers, which would end the run without a save
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Install the signal handlers (after Lightning's, which would end the run with status 0 and no save)."""
         super().on_train_start(trainer, pl_module)
-        if threading.current_thread() is not threading.main_thread():
-            return  # signals only reach the main thread
-        wanted = [signal.SIGTERM, signal.SIGINT]
-        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):  # not taken by Lightning's SLURM requeue
-            wanted.append(signal.SIGUSR1)
-        for signum in wanted:
-            self._previous_handlers[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._on_signal)
+        self.signals.install(trainer)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and self._received.get(signum):
-            signal.signal(signum, signal.default_int_handler)
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        self._received[signum] = True
-
-    def _restore_handlers(self) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous_handlers = {}
-
-    def _agreed_signals(self, trainer: L.Trainer) -> tuple[int | None, bool]:
-        """The stop signal received by any rank (or None) and whether any rank was asked for a save (SIGUSR1)."""
-        stop = next((s for s in (signal.SIGTERM, signal.SIGINT) if self._received.get(s)), 0)
-        save = int(bool(self._received.pop(signal.SIGUSR1, False)))
-        if trainer.world_size > 1:
-            flags = torch.tensor([stop, save], device=trainer.strategy.root_device)
-            flags = trainer.strategy.reduce(flags, reduce_op="max")
-            stop, save = int(flags[0]), int(flags[1])
-        return (stop or None), bool(save)
+    def _act_on_signals(self, trainer: L.Trainer) -> None:
+        """At a step boundary every rank reaches: save and stop (or requeue) as the ranks agree."""
+        stop, save = self.signals.agree(trainer)
+        if (stop or save) and trainer.global_step != self._last_written_step:
+            self._write_last(trainer)
+        if stop:
+            self.stop_signal = stop
+            trainer.should_stop = True
+            trainer.limit_val_batches = 0  # no validation on the way out (Lightning runs one when should_stop is set)
+            if stop == self.signals.requeue_signal and self.requeued is None:
+                self.requeued = requeue_job() if trainer.is_global_zero else ""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -393,6 +253,8 @@ class Checkpoint(ModelCheckpoint):
                 remove_path(leftover)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if stage == "fit":
+            disable_lightning_requeue(trainer)
 
     def _write_last(self, trainer: L.Trainer) -> None:
         if self.save_last and self.dirpath and not trainer.sanity_checking:
@@ -407,12 +269,9 @@ class Checkpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
         n, step = self.last_every_n_steps, trainer.global_step
-        stop, save = self._agreed_signals(trainer)
-        if (stop or save or (n and step > 0 and step % n == 0)) and step != self._last_written_step:
+        if n and step > 0 and step % n == 0 and step != self._last_written_step:
             self._write_last(trainer)
-        if stop:
-            self.stop_signal = stop
-            trainer.should_stop = True
+        self._act_on_signals(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -421,24 +280,25 @@ class Checkpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if trainer.state.fn == "fit":
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._write_last(trainer)
+            self._act_on_signals(trainer)  # a signal during validation stops here, not after the next step
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         if trainer.global_step != self._last_written_step:
             self._write_last(trainer)
-        self._restore_handlers()
+        self.signals.restore()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
-        self._restore_handlers()  # also when training ended by an exception
+        self.signals.restore()  # also when training ended by an exception
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         for key in ("hyper_parameters", "datamodule_hyper_parameters"):
             if key in checkpoint:  # a copy: the live hyper-parameters keep the credentials the run needs
                 checkpoint[key] = redact(checkpoint[key])
-        checkpoint["gridtnp_rng"] = _all_gather_objects(trainer, rng_state())
+        checkpoint["gridtnp_rng"] = all_gather_objects(trainer, rng_state())
         if trainer.logger is not None and trainer.logger.version is not None:
             # A resumed run logs on into the same folder (the CLI reads this back), so its curves do not split.
             checkpoint[LOGGER_VERSION] = trainer.logger.version
@@ -453,37 +313,3 @@ class Checkpoint(ModelCheckpoint):
         if self._pending_rng is not None:
             set_rng_state(self._pending_rng)
             self._pending_rng = None
-
-
-class SaveConfig(SaveConfigCallback):
-    """LightningCLI's config saver that also writes the resolved config beside the checkpoints when fitting.
-
-    Credentials (``gridtnp.redaction``) are replaced in every saved copy. When fitting, nothing is written until
-    training starts, after a resumed checkpoint has been restored: a resume that fails leaves the saved recipe
-    beside the checkpoints as it was (it still describes them).
-    """
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            return  # written in on_train_start
-        self._save(trainer, pl_module, stage)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._save(trainer, pl_module, "fit")
-
-    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        config = self.config
-        self.config = redact(config)
-        try:
-            super().setup(trainer, pl_module, stage)
-        finally:
-            self.config = config
-
-    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        text = self.parser.dump(self.config, skip_none=False).encode()
-        for callback in trainer.checkpoint_callbacks:
-            dirpath = getattr(callback, "dirpath", None)
-            if dirpath and not is_url(dirpath):
-                atomic_write(Path(dirpath) / CONFIG_NAME, lambda f: f.write(text))

@@ -59,7 +59,8 @@ def fit_command(
 
 def cli_env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
+    env = {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "GRIDTNP_ALLOW_IMPORTS": "tests"}
+    return {**os.environ, **env, **extra}
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -177,14 +178,21 @@ def test_ddp_on_cpu_shards_tasks_and_reduces_metrics_over_the_union(tmp_path):
         assert metrics["val/rmse"] == pytest.approx(union["val/rmse"], rel=1e-5)
 
 
-def test_slurm_sigusr1_saves_requeues_and_the_next_launch_resumes(tmp_path):
-    """Under SLURM (environment variables set), SIGUSR1 makes the run save a checkpoint and call
-    ``scontrol requeue <job id>`` (a stub on PATH records the call); relaunching the same command resumes there."""
+def scontrol_stub(tmp_path: Path) -> tuple[Path, Path]:
+    """A ``scontrol`` on PATH that records its arguments: ``(bin directory, calls file)``."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls.txt"
     bin_dir.mkdir()
     stub = bin_dir / "scontrol"
     stub.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
     stub.chmod(0o755)
+    return bin_dir, calls
+
+
+def test_slurm_sigusr1_saves_requeues_and_the_next_launch_resumes(tmp_path):
+    """Under SLURM (environment variables set), SIGUSR1 makes the run finish its step, save last.ckpt, call
+    ``scontrol requeue <job id>`` (a stub on PATH records the call) and stop; relaunching the same command resumes
+    there. Lightning's own requeue handler (which would save hpc_ckpt_N.ckpt inside the handler) is off."""
+    bin_dir, calls = scontrol_stub(tmp_path)
     slurm = {
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NAME": "gridtnp-test",
@@ -202,17 +210,18 @@ def test_slurm_sigusr1_saves_requeues_and_the_next_launch_resumes(tmp_path):
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for((records / "paused").exists, "the pause after step 3", proc)
     proc.send_signal(signal.SIGUSR1)
-    hpc = run_dir / "hpc_ckpt_1.ckpt"
-    wait_for(lambda: calls.exists() and hpc.exists(), "the requeue", proc)
-    proc.kill()  # SLURM ends the job after the signal
-    proc.wait(timeout=60)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGUSR1, err[-4000:]
     assert calls.read_text().split() == ["requeue", "4242"]
-    assert torch.load(hpc, weights_only=True)["global_step"] == 3
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+    assert "gridtnp: stopped by SIGUSR1 after step 4; saved " in err and "requeued Slurm job 4242" in err
+    assert not list(run_dir.glob("hpc_ckpt_*.ckpt"))
 
     resumed = run(command, tmp_path, env)
-    assert f"resuming from {hpc} (global step 3)" in resumed.stdout
+    assert f"resuming from {last} (global step 4)" in resumed.stdout
     steps = [r["step"] for r in read_records(records) if r["kind"] == "train"]
-    assert steps == [1, 2, 3, *range(4, 13)]  # nothing redone, nothing skipped
+    assert steps == list(range(1, 13))  # nothing redone, nothing skipped
 
 
 def signal_and_resume(tmp_path: Path, signum: int, *extra: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
@@ -228,8 +237,8 @@ def signal_and_resume(tmp_path: Path, signum: int, *extra: str) -> tuple[subproc
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err[-4000:]
     name = signal.Signals(signum).name
-    assert f"gridtnp: stopped by {name} after step 5; last.ckpt written" in err
     ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert f"gridtnp: stopped by {name} after step 5; saved {os.path.relpath(ckpt, tmp_path)}; resume with" in err
     assert torch.load(ckpt, weights_only=True)["global_step"] == 5
     resumed = run(command, tmp_path, env)
     # last.ckpt, or the end-of-epoch checkpoint of the same step (step 5 ends epoch 0 here)
@@ -286,3 +295,108 @@ def test_sigusr1_outside_slurm_saves_and_training_goes_on(tmp_path):
     assert proc.returncode == 0, err[-4000:]
     steps = [r["step"] for r in read_records(records) if r["kind"] == "train"]
     assert steps == list(range(1, 13))
+
+
+def test_sighup_saves_as_sigterm_does(tmp_path):
+    """Closing the terminal (SIGHUP) finishes the step, saves it, exits 128 + 1; the relaunch resumes there."""
+    resumed, records, _ = signal_and_resume(tmp_path, signal.SIGHUP)
+    assert [r["step"] for r in read_records(records) if r["kind"] == "train"] == list(range(1, 13))
+    assert "gridtnp: fit done at step 12" in resumed.stdout
+
+
+def slurm_ranks(
+    tmp_path: Path, run_dir: Path, records: Path, world: int, bin_dir: Path, *extra: str, pause: int | None = None
+) -> list[subprocess.Popen]:
+    """``world`` processes of one emulated Slurm job step on this machine (``srun --ntasks=world``): Lightning's
+    ``SLURMEnvironment`` reads the ranks from ``SLURM_PROCID`` and friends, as on a cluster."""
+    procs = []
+    for rank in range(world):
+        slurm = {
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "gridtnp-test", "SLURM_NTASKS": str(world),
+            "SLURM_NTASKS_PER_NODE": str(world), "SLURM_NODELIST": "localhost", "SLURM_JOB_NUM_NODES": "1",
+            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0", "MASTER_PORT": "29531",
+        }  # fmt: skip
+        env = cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **slurm)
+        ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", str(world), "--trainer.strategy", "ddp"]
+        command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", *ddp, *extra,
+                              pause_at_step=pause, pause_seconds=4.0)  # fmt: skip
+        procs.append(subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))  # fmt: skip
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
+    """Every process's exit status and output, within ``timeout`` seconds in all (a hang fails the test)."""
+    deadline, results = time.monotonic() + timeout, []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            proc.kill()
+    return results
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("signalled", ["one", "all"])
+def test_slurm_requeue_signal_under_ddp_saves_one_step_on_every_rank(tmp_path, world, signalled):
+    """SIGUSR1 to one rank (the last) or to every rank of an emulated Slurm job step, in the middle of step 5: every
+    rank finishes step 5, last.ckpt holds it, rank 0 requeues the job once, every rank exits 128 + SIGUSR1 in
+    bounded time (no hang in a collective save); the relaunched job step resumes at step 6 on every rank."""
+    bin_dir, calls = scontrol_stub(tmp_path)
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    procs = slurm_ranks(tmp_path, run_dir, records, world, bin_dir, pause=4)
+    wait_for((records / "paused").exists, "the pause before step 5", procs[0])
+    for proc in procs if signalled == "all" else procs[-1:]:
+        proc.send_signal(signal.SIGUSR1)
+    results = finish(procs, timeout=180)
+    for rank, (code, _, err) in enumerate(results):
+        assert code == 128 + signal.SIGUSR1, (rank, err[-3000:])
+    assert calls.read_text().split() == ["requeue", "4242"]
+    assert "gridtnp: stopped by SIGUSR1 after step 5; saved " in results[0][2]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
+    for rank in range(world):
+        assert [r["step"] for r in read_records(records, rank) if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+
+    results = finish(slurm_ranks(tmp_path, run_dir, records, world, bin_dir), timeout=240)
+    for rank, (code, _, err) in enumerate(results):
+        assert code == 0, (rank, err[-3000:])
+    assert "(global step 5)" in results[0][1]
+    for rank in range(world):
+        steps = [r["step"] for r in read_records(records, rank) if r["kind"] == "train"]
+        assert steps == list(range(1, 13)), (rank, steps)
+
+
+@pytest.mark.parametrize("signalled", ["one", "all"])
+def test_sigterm_during_validation_under_ddp_stops_after_it_on_every_rank(tmp_path, signalled):
+    """SIGTERM to rank 1 or to both ranks while they validate after step 5: the validation ends, both ranks save
+    step 5 and exit 143 (none waits in a collective for the other), and the relaunch resumes at step 6."""
+    run_dir, records, marks = tmp_path / "run", tmp_path / "rec", tmp_path / "marks"
+    pause = {"class_path": "tests.training.pausing.Pause", "init_args": {"out": str(marks), "validation_at_step": 5,
+             "seconds": 6.0}}  # fmt: skip
+    callbacks = [{"class_path": "tests.recording.Record", "init_args": {"out": str(records)}}, pause]
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", *ddp)
+    first = list(command)
+    first[first.index("--trainer.callbacks") + 1] = json.dumps(callbacks)
+    proc = subprocess.Popen(first, cwd=tmp_path, env=cli_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    wait_for(lambda: (marks / "paused0").exists() and (marks / "paused1").exists(), "the validation pause", proc)
+    ranks = [0, 1] if signalled == "all" else [1]
+    for rank in ranks:
+        os.kill(int((marks / f"pid{rank}").read_text()), signal.SIGTERM)
+    ((code, _, err),) = finish([proc], timeout=120)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 5
+    assert "gridtnp: stopped by SIGTERM after step 5; saved " in err
+    for rank in (0, 1):
+        assert [r["step"] for r in read_records(records, rank) if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+        assert [r["step"] for r in read_records(records, rank) if r["kind"] == "val_metrics"] == [5]
+
+    resumed = run(command, tmp_path, cli_env())
+    assert "(global step 5)" in resumed.stdout
+    for rank in (0, 1):
+        steps = [r["step"] for r in read_records(records, rank) if r["kind"] == "train"]
+        assert steps == list(range(1, 13)), (rank, steps)
