@@ -32,7 +32,7 @@ from harness import git_commit
 from gridtnp.data.era5.blocks import BlockLayout
 from gridtnp.data.layout import normalise
 from gridtnp.data.sample import ERA5_SAMPLE, sample_path
-from gridtnp.nn.residuals import shape_basis
+from gridtnp.nn.monomials import shape_basis
 
 FACTOR, NEIGHBOURS, INTERPOLATION_LENGTHSCALE = 4, 9, 0.5
 

@@ -29,7 +29,6 @@ the coarse field today) carries to its neighbours instead of only to its own loc
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
@@ -40,22 +39,12 @@ from torch.distributions import Distribution, Normal
 
 from gridtnp.nn.embeddings import LearnedGridEmbedding
 from gridtnp.nn.gaussian import exp_floored, floor_logits
+from gridtnp.nn.monomials import basis_size, shape_basis
 from gridtnp.nn.neighbours import knn_points
+from gridtnp.nn.residual_options import WHERE, Departures, Regression, number
 from gridtnp.registry import register
 
-WHERE = "residual 'interpolation'"  # how error messages name this component
 SPREAD_PRIOR_POINTS = 4.0  # pseudo-observations at nu_0 in the spread estimate (see InterpolationResidual's spread)
-
-
-def number(value: Any, what: str, positive: bool = True) -> float:
-    """``value`` as a float, if it is a finite number (and > 0 with ``positive``); else a ValueError naming ``what``."""
-    if (
-        isinstance(value, bool)
-        or not (isinstance(value, int | float) and math.isfinite(value))
-        or (positive and value <= 0)
-    ):
-        raise ValueError(f"{WHERE}: {what} must be finite{' and > 0' if positive else ''}; got {value!r}.")
-    return float(value)
 
 
 class Neighbours(NamedTuple):
@@ -91,28 +80,6 @@ class Residual(Protocol):
     def adapt(self, near: Neighbours, zt: Tensor) -> Tensor:
         """With ``adaptive``: the change ``[B, Nt, Dy]`` of the base given the decoded target tokens ``zt``."""
         ...
-
-
-def shape_basis(offsets: Tensor, degree: int = 2) -> Tensor:
-    """The monomials of degree 1 to ``degree`` of offsets ``[..., Dx]`` -> ``[..., P]``, in graded order.
-
-    ``degree`` 2: ``phi(o) = [o_i, o_i^2, o_i o_j (i < j)]``, P = Dx (Dx + 3) / 2; 3 adds the cubic monomials
-    (P = 9 for Dx = 2); 1: the offsets alone.
-    """
-    terms = [offsets]
-    if degree >= 2:
-        dx = offsets.shape[-1]
-        rows, cols = torch.triu_indices(dx, dx, 1, device=offsets.device)
-        terms += [offsets.square(), offsets[..., rows] * offsets[..., cols]]
-    for d in range(3, degree + 1):
-        for powers in itertools.combinations_with_replacement(range(offsets.shape[-1]), d):
-            terms.append(offsets[..., list(powers)].prod(-1, keepdim=True))
-    return torch.cat(terms, -1)
-
-
-def basis_size(dim_x: int, degree: int) -> int:
-    """P of ``shape_basis``: the number of monomials of degree 1 to ``degree`` in ``dim_x`` variables."""
-    return math.comb(dim_x + degree, degree) - 1
 
 
 @register("residual", "interpolation")
@@ -209,10 +176,10 @@ class InterpolationResidual(nn.Module):
         self.weight = self._per_source(weight, "weight")
         self.log_lengthscale = nn.Parameter(torch.tensor([math.log(self.lengthscale[s]) for s in sources]))
         self.log_weight = nn.Parameter(torch.tensor([math.log(self.weight[s]) for s in sources]))
-        self.departures = None if departures is None else self._departures(departures, source_dims)
+        self.departures = None if departures is None else Departures.from_spec(departures, sources, source_dims, dim_y)
         if self.departures is not None:
             d = self.departures
-            self.log_departure_scale = nn.Parameter(torch.tensor([math.log(d["lengthscale"]), math.log(d["weight"])]))
+            self.log_departure_scale = nn.Parameter(torch.tensor([math.log(d.lengthscale), math.log(d.weight)]))
         self.num_features = len(sources) + (0 if departures is None else 1 + 2 * dim_y)
         self.features = nn.Linear(self.num_features, dim)
         nn.init.zeros_(self.features.weight)
@@ -240,72 +207,16 @@ class InterpolationResidual(nn.Module):
         if self.direction is not None:
             nn.init.zeros_(self.direction.weight)
             nn.init.zeros_(self.direction.bias)
-        self.regression = None if regression is None else self._regression(regression)
+        self.regression = None if regression is None else Regression.from_spec(regression, sources)
         if self.regression is not None:
             spec = self.regression
-            per_source = (1 + basis_size(dim_x, spec["degree"])) * (1 + basis_size(dim_x, spec["position"]))
-            terms = len(spec["sources"]) * per_source * dim_y
-            grid, lr_scale = self.regression["grid"], self.regression["lr_scale"]
-            self.coefficients = LearnedGridEmbedding(dim_x, grid, terms, init_std=0.0, lr_scale=lr_scale)
-            own = self.regression.get("lengthscale")  # else the interpolation's lengthscales, shared
+            per_source = (1 + basis_size(dim_x, spec.degree)) * (1 + basis_size(dim_x, spec.position))
+            terms = len(spec.sources) * per_source * dim_y
+            self.coefficients = LearnedGridEmbedding(dim_x, spec.grid, terms, init_std=0.0, lr_scale=spec.lr_scale)
+            own = spec.lengthscale  # else the interpolation's lengthscales, shared
             self.log_regression_lengthscale = (
-                None if own is None else nn.Parameter(torch.tensor([own[s] for s in self.regression["sources"]]).log())
+                None if own is None else nn.Parameter(torch.tensor([own[s] for s in spec.sources]).log())
             )
-
-    def _regression(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """The checked ``regression`` spec with its defaults filled in."""
-        allowed = {"sources", "grid", "lr_scale", "lengthscale", "degree", "position"}
-        if not isinstance(spec, dict) or "grid" not in spec or set(spec) - allowed:
-            raise ValueError(
-                f"{WHERE}: regression must be a mapping with 'grid' (the lattice of its coefficients) and optionally "
-                f"sources, lr_scale, lengthscale, degree and position (e.g. {{sources: [grid], grid: {{lower: [...], "
-                f"upper: [...], shape: [...]}}, lr_scale: 30, lengthscale: 0.75}}); got {spec!r}."
-            )
-        out = {"sources": self.sources[:1], "lr_scale": 30.0, "degree": 2, "position": 0, **spec}
-        for key, low in (("degree", 1), ("position", 0)):
-            value = out[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 4:
-                raise ValueError(f"{WHERE}: regression.{key} must be an integer from {low} to 4; got {value!r}.")
-        out["sources"] = [out["sources"]] if isinstance(out["sources"], str) else list(out["sources"])
-        if not out["sources"] or set(out["sources"]) - set(self.sources):
-            raise ValueError(
-                f"{WHERE}: regression.sources must be some of the interpolated sources {self.sources}; "
-                f"got {out['sources']!r}."
-            )
-        out["lr_scale"] = number(out["lr_scale"], "regression.lr_scale")
-        if "lengthscale" not in out:
-            return out
-        scale = out["lengthscale"]
-        scales = dict(scale) if isinstance(scale, dict) else dict.fromkeys(out["sources"], scale)
-        if set(scales) != set(out["sources"]):
-            raise ValueError(
-                f"{WHERE}: regression.lengthscale must be one number or one per source {out['sources']}; got {scale!r}."
-            )
-        out["lengthscale"] = {s: number(v, f"regression.lengthscale of {s!r}") for s, v in scales.items()}
-        return out
-
-    def _departures(self, spec: dict[str, Any], source_dims: dict[str, int]) -> dict[str, Any]:
-        """The checked ``departures`` spec with its defaults filled in."""
-        allowed = {"source", "k", "lengthscale", "weight"}
-        if not isinstance(spec, dict) or "source" not in spec or set(spec) - allowed:
-            raise ValueError(
-                f"{WHERE}: departures must be a mapping with 'source' and optionally k, lengthscale, weight "
-                f"(e.g. {{source: stations, k: 8, lengthscale: 0.5}}); got {spec!r}."
-            )
-        out = {"k": 8, "lengthscale": 0.5, "weight": 1.0, **spec}
-        source = out["source"]
-        if source not in source_dims or source in self.sources:
-            raise ValueError(
-                f"{WHERE}: departures.source must be a context source {sorted(source_dims)} not among the "
-                f"interpolated sources {self.sources}; got {source!r}."
-            )
-        if source_dims[source] < self.dim_y:
-            raise ValueError(f"{WHERE}: departures.source {source!r} has fewer value columns than Dy = {self.dim_y}.")
-        if isinstance(out["k"], bool) or not isinstance(out["k"], int) or out["k"] < 1:
-            raise ValueError(f"{WHERE}: departures.k must be an integer >= 1; got {out['k']!r}.")
-        for key in ("lengthscale", "weight"):
-            out[key] = number(out[key], f"departures.{key}")
-        return out
 
     def _per_source(self, value: float | dict[str, float], what: str) -> dict[str, float]:
         """``{source: value}`` from one value or a mapping, each finite and > 0."""
@@ -331,8 +242,8 @@ class InterpolationResidual(nn.Module):
             near = near._replace(spread=self._spread_factor(context))
         if self.departures is None:
             return mean, share, near
-        xs, ys, valid = context[self.departures["source"]]
-        k = min(self.departures["k"], xs.shape[1])
+        xs, ys, valid = context[self.departures.source]
+        k = min(self.departures.k, xs.shape[1])
         if k == 0:  # a batch without any point of the source: nothing to add
             zeros = mean.new_zeros(*mean.shape[:-1], 1 + 2 * self.dim_y)
             return mean, torch.cat([share, zeros], -1), near
@@ -364,18 +275,18 @@ class InterpolationResidual(nn.Module):
             strict=True,
         )
         for i, (logits, values, offsets, a, source) in enumerate(parts):
-            if source not in self.regression["sources"]:
+            if source not in self.regression.sources:
                 continue
             if self.log_regression_lengthscale is not None:  # offsets and Gaussian weights under its own lengthscale
-                j = self.regression["sources"].index(source)
+                j = self.regression.sources.index(source)
                 offsets = offsets * torch.exp(self.log_lengthscale[i] - self.log_regression_lengthscale[j])
                 logits = torch.where(torch.isfinite(logits), -0.5 * offsets.square().sum(-1), float("-inf"))
             w = torch.softmax(floor_logits(logits), -1).nan_to_num(0.0).unsqueeze(-1)  # [B, Nt, k, 1], per source
             departure = values - (w * values).sum(-2, keepdim=True)  # [B, Nt, k, Dy]
-            phi = shape_basis(offsets.to(values.dtype), self.regression["degree"])  # [B, Nt, k, P]
+            phi = shape_basis(offsets.to(values.dtype), self.regression.degree)  # [B, Nt, k, P]
             g = torch.einsum("btkp,btky->btpy", w * phi, departure)  # [B, Nt, P, Dy]
             g = a[..., None, None] * torch.cat([torch.ones_like(g[..., :1, :]), g], -2)  # [B, Nt, 1 + P, Dy]
-            if self.regression["position"] > 0:
+            if self.regression.position > 0:
                 psi = self._position_basis(logits, offsets).to(g.dtype)  # [B, Nt, Q]
                 g = (g.unsqueeze(-2) * psi[..., None, :, None]).flatten(-3, -2)  # [B, Nt, (1 + P) Q, Dy]
             terms.append(g)
@@ -389,7 +300,7 @@ class InterpolationResidual(nn.Module):
         distance = offsets.square().sum(-1).masked_fill(~torch.isfinite(logits), float("inf"))  # [B, Nt, k]
         nearest = distance.argmin(-1, keepdim=True)  # [B, Nt, 1]
         u = -offsets.gather(-2, nearest.unsqueeze(-1).expand(*nearest.shape, offsets.shape[-1])).squeeze(-2)
-        phi = shape_basis(u, self.regression["position"])  # [B, Nt, Q - 1]
+        phi = shape_basis(u, self.regression.position)  # [B, Nt, Q - 1]
         return torch.cat([torch.ones_like(phi[..., :1]), phi], -1)
 
     def _spread_factor(self, context: dict[str, tuple[Tensor, Tensor, Tensor]]) -> Tensor:

@@ -166,7 +166,7 @@ def test_perceiver_layers_are_cross_then_self_attention_blocks():
 
 
 def test_standardised_cross_attention_refuses_te_attention():
-    from gridtnp.nn.attention import TEAttention
+    from gridtnp.nn.te_attention import TEAttention
 
     block = CrossAttentionBlock(dim=16, mlp_dim=16, attention=TEAttention(dim=16, dim_x=2, heads=2, head_dim=8))
     with pytest.raises(ValueError, match="plain attention"):

@@ -9,7 +9,8 @@ import torch
 from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.models.specs import expand_spec
-from gridtnp.nn.residuals import InterpolationResidual, basis_size, shape_basis, shift_mean
+from gridtnp.nn.monomials import basis_size, shape_basis
+from gridtnp.nn.residuals import InterpolationResidual, shift_mean
 from gridtnp.registry import ConfigError
 
 
@@ -381,8 +382,8 @@ def test_regression_adds_the_place_coefficients_times_the_local_shape():
     interp = InterpolationResidual(
         ["coarse", "stations"], 1, {"coarse": 1, "stations": 1}, **kwargs, regression={"grid": LATTICE}
     )
-    assert interp.regression["sources"] == ["coarse"]  # default: the first interpolated source
-    assert "lengthscale" not in interp.regression  # default: the interpolation's, shared
+    assert interp.regression.sources == ("coarse",)  # default: the first interpolated source
+    assert interp.regression.lengthscale is None  # default: the interpolation's, shared
     interp = InterpolationResidual(
         ["coarse", "stations"],
         1,

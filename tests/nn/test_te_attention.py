@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 
-from gridtnp.nn.attention import SelfAttentionBlock, TEAttention
+from gridtnp.nn.attention import SelfAttentionBlock
 from gridtnp.nn.chunking import map_query_chunks
 from gridtnp.nn.grid_decoders import TEKNNDecoder
 from gridtnp.nn.grids import Grid
+from gridtnp.nn.te_attention import TEAttention
 from gridtnp.nn.tokens import Latent
 
 DIM, HEADS, HEAD_DIM = 16, 4, 4

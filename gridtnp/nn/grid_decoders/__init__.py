@@ -10,14 +10,10 @@ decoder registers itself where it is defined; ``gridtnp list grid_decoder`` name
 module).
 """
 
-from gridtnp.nn.grid_decoders.gridded import (
-    KernelInterpolationDecoder,
-    KNNDecoder,
-    NeighbourCrossAttentionBlock,
-    TEKNNDecoder,
-)
+from gridtnp.nn.grid_decoders.gridded import KernelInterpolationDecoder
 from gridtnp.nn.grid_decoders.interpolation import InterpolationDecoder
 from gridtnp.nn.grid_decoders.kernel_averaging import GKADecoder
+from gridtnp.nn.grid_decoders.knn import KNNDecoder, NeighbourCrossAttentionBlock, TEKNNDecoder
 from gridtnp.nn.grid_decoders.mos import MOSDecoder, MOSKrigingDecoder
 from gridtnp.nn.grid_decoders.sets import (
     ConcatDecoder,

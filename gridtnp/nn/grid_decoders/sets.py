@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import CrossAttentionBlock, SelfAttentionBlock, te_attention
+from gridtnp.nn.attention import CrossAttentionBlock, SelfAttentionBlock
 from gridtnp.nn.chunking import DEFAULT_MAX_PAIRS, map_query_chunks
 from gridtnp.nn.mlp import mlp
+from gridtnp.nn.te_attention import te_attention
 from gridtnp.nn.tokens import Latent, last_states
 from gridtnp.registry import register
 

@@ -15,9 +15,10 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from gridtnp.nn.attention import CrossAttentionBlock, SelfAttentionBlock, masked_mean, standardise, te_attention
+from gridtnp.nn.attention import CrossAttentionBlock, SelfAttentionBlock, masked_mean, standardise
 from gridtnp.nn.chunking import DEFAULT_MAX_PAIRS
 from gridtnp.nn.processors.checks import check_layers
+from gridtnp.nn.te_attention import te_attention
 from gridtnp.nn.tokens import Latent
 from gridtnp.registry import register
 
