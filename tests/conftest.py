@@ -18,6 +18,13 @@ def _seed() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests give the CLI its arguments (``GridTNPCLI(args=[...])``) as a notebook does: pytest's own options are
+    not a command line for it (LightningCLI warns when it sees both)."""
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+
+
+@pytest.fixture(autouse=True)
 def _malloc_left_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process ``gridtnp data prepare`` calls leave this process's malloc settings as they are: the command sets
     them for its own process (``gridtnp.data.freed_memory``), which here would be every later test's.

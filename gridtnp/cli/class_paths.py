@@ -65,7 +65,7 @@ def guarded_imports() -> Iterator[None]:
         return
     guarded = _guarded(original)
     modules = [m for n, m in list(sys.modules.items()) if n.startswith("jsonargparse") and m is not None]
-    patched = [m for m in modules if getattr(m, "import_object", None) is original]
+    patched = [m for m in modules if vars(m).get("import_object") is original]  # no module __getattr__
     for module in patched:
         module.import_object = guarded
     try:

@@ -375,5 +375,16 @@ def trainer_defaults() -> dict[str, Any]:
 
 
 def run_lightning(args: list[str] | None = None) -> None:
-    """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``."""
-    GridTNPCLI(args=args)
+    """Run a LightningCLI subcommand (``fit``, ``validate``, ``test``, ``predict``); ``None`` reads ``sys.argv``.
+
+    Given ``args`` (``gridtnp.cli.main([...])`` from Python: a notebook, a test), they are the whole command line:
+    the process's own ``sys.argv`` (a kernel's or pytest's options) is set aside while it runs.
+    """
+    if args is None:
+        GridTNPCLI(args=None)
+        return
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        GridTNPCLI(args=args)
+    finally:
+        sys.argv = argv

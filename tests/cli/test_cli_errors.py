@@ -1009,7 +1009,8 @@ def test_machine_limits_and_read_only_paths_are_one_line():
     line = environment_error_line(OSError(errno.EROFS, "Read-only file system", "out.zarr"))
     assert line == "cannot write out.zarr: Read-only file system. Choose a writable path."
     assert environment_error_line(KeyError("a bug")) is None  # anything else keeps its traceback
-    config = Namespace(data=Namespace(init_args=Namespace(storage_options={"token": "s3cr3t"}, store="gs://b")))
+    store = Namespace(path="gs://b", storage_options={"token": "s3cr3t"})
+    config = Namespace(data=Namespace(init_args=Namespace(store=store)))
     assert redact(config).data.init_args.store.storage_options == {"token": REDACTED}
     assert config.data.init_args.store.storage_options == {"token": "s3cr3t"}
 
