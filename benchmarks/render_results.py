@@ -1,6 +1,7 @@
-"""Regenerate the tables of ``docs/results.md`` from the result files under ``benchmarks/results/``.
+"""Regenerate the tables of ``docs/results.md`` and ``docs/performance.md`` from the result files under
+``benchmarks/results/``.
 
-Every table in the page sits between ``<!-- table: NAME -->`` and ``<!-- end table -->``; ``NAME`` is a key of
+Every table in those pages sits between ``<!-- table: NAME -->`` and ``<!-- end table -->``; ``NAME`` is a key of
 ``TABLES``, whose function reads the result files and returns the Markdown. The text around the markers is left as
 it is.
 
@@ -21,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "docs" / "results.md"
+DOCS = (ROOT / "docs" / "results.md", ROOT / "docs" / "performance.md")  # the pages with marked tables
 MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.DOTALL)
 
 
@@ -317,40 +318,44 @@ TABLES: dict[str, Callable[[], str]] = {
 }
 
 
-def render(text: str) -> tuple[str, list[str]]:
-    """``text`` with every marked table regenerated, and the names of the tables that changed."""
+def render(text: str, page: str = "docs/results.md") -> tuple[str, list[str], set[str]]:
+    """``text`` with every marked table regenerated, the names of the tables that changed and of those shown."""
     changed: list[str] = []
 
     def replace(match: re.Match[str]) -> str:
         name = match.group("name")
         if name not in TABLES:
-            raise SystemExit(f"docs/results.md: unknown table {name!r}; known: {', '.join(TABLES)}")
+            raise SystemExit(f"{page}: unknown table {name!r}; known: {', '.join(TABLES)}")
         body = TABLES[name]()
         if body != match.group("body"):
             changed.append(name)
         return match.group(1) + body + match.group(4)
 
     new = MARKER.sub(replace, text)
-    shown = {m.group("name") for m in MARKER.finditer(text)}
-    changed += [f"{name} (not on the page)" for name in TABLES if name not in shown]
-    return new, changed
+    return new, changed, {m.group("name") for m in MARKER.finditer(text)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if a table differs from its result files")
-    parser.add_argument("--doc", type=Path, default=DOC, help="the page to render (default docs/results.md)")
+    parser.add_argument("--doc", type=Path, nargs="+", default=list(DOCS), help="the pages to render (default: all)")
     args = parser.parse_args(argv)
-    text = args.doc.read_text()
-    new, changed = render(text)
+    stale, shown = [], set()
+    for doc in args.doc:
+        text = doc.read_text()
+        new, changed, names = render(text, doc.name)
+        shown |= names
+        stale += [f"{doc.name}: {name}" for name in changed]
+        if not args.check and new != text:
+            doc.write_text(new)
+    if set(args.doc) == set(DOCS):
+        stale += [f"{name} (on no page)" for name in TABLES if name not in shown]
     if args.check:
-        if changed:
-            print(f"{args.doc.name} is stale in: {', '.join(changed)}; run python benchmarks/render_results.py")
+        if stale:
+            print(f"stale tables: {', '.join(stale)}; run python benchmarks/render_results.py")
             return 1
         return 0
-    if new != text:
-        args.doc.write_text(new)
-    print(f"{len(changed)} table(s) rewritten" + (f": {', '.join(changed)}" if changed else ""))
+    print(f"{len(stale)} table(s) rewritten" + (f": {', '.join(stale)}" if stale else ""))
     return 0
 
 

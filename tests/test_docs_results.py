@@ -1,4 +1,4 @@
-"""docs/results.md shows what the result files under benchmarks/results/ hold (benchmarks/render_results.py)."""
+"""The marked tables of docs/results.md and docs/performance.md equal their result files (render_results.py)."""
 
 import subprocess
 import sys
