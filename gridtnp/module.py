@@ -7,35 +7,33 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.distributions import Normal
 
 from gridtnp.batch import Batch
+from gridtnp.calibration import VarianceCalibration, observed_targets
 from gridtnp.data.contract import optional
 from gridtnp.metrics import (
     COVERAGE_METRICS,
     PHYSICAL_METRICS,
     PREDICTIVE_METRICS,
-    StandardisedSquareByOutput,
     evaluation_metrics,
     point_weights,
 )
 from gridtnp.models.neural_process import TARGET_CHUNK, count_parameters
 from gridtnp.models.specs import build_model, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
-from gridtnp.nn.neighbours import knn_points
 from gridtnp.registry import ConfigError
 from gridtnp.training.compiling import CompiledModel
 from gridtnp.training.run_scale import report_training_scale
-from gridtnp.training.schedules import Schedule, budget_seconds, time_budget
+from gridtnp.training.schedules import Schedule, budget_seconds, restore_recipe_lr, time_budget
 
 Spec = dict[str, Any]
 #: Checkpoint entry with the training data's description (``StoreDataModule.variable_metadata``).
 DATA_KEY = "gridtnp_data"
 
 
-class NeuralProcessModule(L.LightningModule):
+class NeuralProcessModule(VarianceCalibration, L.LightningModule):
     """Trains a neural process by maximising the mean log-likelihood per target point.
 
     Validation and test log, under ``val/`` and ``test/`` (``gridtnp.metrics``; normalised units unless named
@@ -56,16 +54,7 @@ class NeuralProcessModule(L.LightningModule):
     weights masked to each subset; tasks without such targets are left out of the task means). The DataModule must
     give it in every batch of an evaluation set or in none (under DDP every rank logs the same names).
 
-    Variance calibration (``variance_calibration: true``): after every validation during ``fit`` (not the sanity
-    check), one scale per output ``s^2 = weighted mean z^2`` of the uncalibrated predictive over the validation set
-    is stored in the buffer ``std_scale`` ``[Dy]`` (saved in every checkpoint, including the best one, written after
-    the validation it was fitted on) and logged as ``val/calibration_scale``. Targets at the location of a context
-    point of the target source (``observed_targets``: a station that is also in the context) get their own scale,
-    ``std_scale_observed`` (``val/calibration_scale_observed``; the other scale where validation had none): a model
-    nearly returns an observed value there, so its error is orders of magnitude below the others'. Validation
-    metrics, and so the checkpoint monitor ``val/loglik``, are always of the uncalibrated predictive (the scales are
-    fitted on them). Test and predict multiply the predictive std by these scales: ``test/{name}`` are calibrated and
-    ``test/uncalibrated/{name}`` are reported besides. ``gridtnp.predictions.predict`` applies it too.
+    Variance calibration (``variance_calibration: true``): ``gridtnp.calibration.VarianceCalibration``.
 
     The model arguments are the five slots of ``gridtnp.models.build_model`` (each a mapping with a
     registered ``name``), the shared sizes, or a ``preset`` name whose slots they override.
@@ -174,14 +163,8 @@ class NeuralProcessModule(L.LightningModule):
             groups += ["test_uncalibrated", "test_uncalibrated_context", "test_uncalibrated_heldout"]
         # Metrics of subsets of the targets, by "<stage>_<group>" (logged as "<stage>/<group with />/<name>").
         self.group_metrics = torch.nn.ModuleDict({g: torch.nn.ModuleDict(evaluation_metrics()) for g in groups})
-        self.variance_calibration = variance_calibration
-        if variance_calibration:
-            dim_y = int(expand_spec(spec)["target_dim_y"])
-            self.register_buffer("std_scale", torch.ones(dim_y))
-            self.register_buffer("std_scale_observed", torch.ones(dim_y))
-            self.register_buffer("std_scale_fitted", torch.tensor(False))
-            self.calibration_sums = StandardisedSquareByOutput(dim_y)
-            self.calibration_sums_observed = StandardisedSquareByOutput(dim_y)
+        dim_y_target = int(expand_spec(spec)["target_dim_y"]) if variance_calibration else 0
+        self.init_calibration(variance_calibration, dim_y_target)
         #: What the checkpoint keeps of the training data (``StoreDataModule.variable_metadata``), or None.
         self.data_metadata: dict[str, Any] | None = None
 
@@ -247,39 +230,6 @@ class NeuralProcessModule(L.LightningModule):
             "written before are kept; lower --model.init_args.lr (or add warmup_steps) and start again."
         )
 
-    def on_train_start(self) -> None:
-        """A resumed run uses the learning rate of its recipe, not the one restored with the optimiser state."""
-        if self._trainer is None or self.trainer.ckpt_path is None:
-            return
-        changed = False
-        for config in self.trainer.lr_scheduler_configs:
-            scheduler = config.scheduler
-            if hasattr(scheduler, "base_lrs") and any(b != self.lr for b in scheduler.base_lrs):
-                changed = True
-                scheduler.base_lrs = [self.lr for _ in scheduler.base_lrs]
-                lambdas = getattr(scheduler, "lr_lambdas", None)
-                for i, group in enumerate(scheduler.optimizer.param_groups):
-                    factor = lambdas[i](scheduler.last_epoch) if lambdas else 1.0
-                    group["initial_lr"], group["lr"] = self.lr, self.lr * factor
-        if not self.trainer.lr_scheduler_configs:
-            for optimizer in self.trainer.optimizers:
-                for group in optimizer.param_groups:
-                    changed = changed or group["lr"] != self.lr
-                    group["lr"] = self.lr
-        if changed and self.trainer.is_global_zero:
-            print(f"gridtnp: resumed with the recipe's learning rate {self.lr:g} (the checkpoint had another)")
-
-    def calibrate(self, dist: Normal, batch: Batch | None = None) -> Normal:
-        """``dist`` ``[B, Nt, Dy]`` with its std multiplied by the fitted ``std_scale``, and by ``std_scale_observed``
-        at the ``batch``'s observed targets (unchanged without variance calibration)."""
-        if not self.variance_calibration:
-            return dist
-        scale = self.std_scale.to(dist.stddev.dtype)
-        if batch is not None:
-            observed = observed_targets(batch, self.target_source).unsqueeze(-1)  # [B, Nt, 1]
-            scale = torch.where(observed, self.std_scale_observed.to(scale), scale)
-        return Normal(dist.mean, dist.stddev * scale)
-
     @property
     def target_source(self) -> str | None:
         """The context source the targets belong to (None: the model names none)."""
@@ -341,37 +291,15 @@ class NeuralProcessModule(L.LightningModule):
         for name in names:
             self.log(f"{stage}/{prefix}{name}", metrics[name], prog_bar=name in on_bar, batch_size=batch.batch_size)
 
+    def on_train_start(self) -> None:
+        """A resumed run uses the learning rate of its recipe, not the one restored with the optimiser state."""
+        restore_recipe_lr(self.trainer, self.lr)
+
     def on_validation_epoch_end(self) -> None:
-        """With variance calibration, fit ``std_scale`` to this validation's uncalibrated predictive (not the sanity
-        check's, which sees only a few batches)."""
-        if not self.variance_calibration:
-            return
-        if self._trainer is not None and self.trainer.sanity_checking:
-            self.calibration_sums.reset()
-            self.calibration_sums_observed.reset()
-            return
-        if float(self.calibration_sums.weight) > 0 or (self._trainer is not None and self.trainer.world_size > 1):
-            scale = self.calibration_sums.compute().sqrt()  # [Dy]; collective calls under DDP, so on every rank
-            observed = self.calibration_sums_observed.compute().sqrt()
-            if bool(torch.isfinite(scale).all() and (scale > 0).all()):
-                self.std_scale.copy_(scale.to(self.std_scale))
-                usable = bool(torch.isfinite(observed).all() and (observed > 0).all())
-                self.std_scale_observed.copy_((observed if usable else scale).to(self.std_scale))
-                self.std_scale_fitted.fill_(True)
-                for j, (s, o) in enumerate(zip(self.std_scale, self.std_scale_observed, strict=True)):
-                    name = "calibration_scale" if len(self.std_scale) == 1 else f"calibration_scale_{j}"
-                    self.log(f"val/{name}", s)
-                    if usable:
-                        self.log(f"val/{name}_observed", o)
-        self.calibration_sums.reset()
-        self.calibration_sums_observed.reset()
+        self.fit_calibration()
 
     def on_test_start(self) -> None:
-        if self.variance_calibration and not bool(self.std_scale_fitted):
-            rank_zero_warn(
-                "gridtnp: variance_calibration is on but this model's std_scale was never fitted (no validation ran "
-                "during fit, or the checkpoint predates it): test/ metrics are those of the uncalibrated predictive."
-            )
+        self.warn_unfitted_calibration()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the data's normalisation statistics, names and units (``gridtnp_data``) with the weights."""
@@ -387,20 +315,8 @@ class NeuralProcessModule(L.LightningModule):
         """Read the data description back; match the variance calibration's buffers to this module's option."""
         self.data_metadata = checkpoint.get(DATA_KEY) or self.data_metadata
         state = checkpoint.get("state_dict")
-        if state is None:
-            return
-        if self.variance_calibration:
-            state.setdefault("std_scale", torch.ones_like(self.std_scale))
-            state.setdefault("std_scale_observed", state["std_scale"].clone())  # one scale for every target
-            state.setdefault("std_scale_fitted", torch.tensor(False))
-        elif "std_scale" in state:
-            rank_zero_warn(
-                f"gridtnp: the checkpoint has a fitted variance calibration (std_scale {state['std_scale'].tolist()}) "
-                "that this model ignores: set --model.init_args.variance_calibration true to apply it."
-            )
-            state.pop("std_scale")
-            state.pop("std_scale_observed", None)
-            state.pop("std_scale_fitted", None)
+        if state is not None:
+            self.match_calibration_state(state)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val")
@@ -466,19 +382,3 @@ class NeuralProcessModule(L.LightningModule):
                 "max_epochs with a finite training set)."
             )
         return int(total)
-
-
-def observed_targets(batch: Batch, source: str | None) -> Tensor:
-    """``[B, Nt]``: True where a valid target lies at a valid context point of ``source`` (its location, to float32
-    rounding), e.g. a station that is also in the context. ``source`` None: the batch's only context source, if any."""
-    target = batch.target
-    if source is None and len(batch.context) == 1:
-        source = next(iter(batch.context))
-    context = batch.context.get(source) if source is not None else None
-    if context is None or context.x.shape[1] == 0 or target.x.shape[1] == 0:
-        return torch.zeros(target.x.shape[:2], dtype=torch.bool, device=target.x.device)
-    xc, xt = context.x.detach().float(), target.x.detach().float()
-    index, valid = knn_points(xc, context.valid(), xt, 1)  # [B, Nt, 1]
-    nearest = torch.gather(xc, 1, index[..., 0].unsqueeze(-1).expand(-1, -1, xc.shape[-1]))  # [B, Nt, d]
-    tolerance = 1e-6 * (1.0 + xt.abs().amax(-1))
-    return valid[..., 0] & target.valid() & ((nearest - xt).abs().amax(-1) <= tolerance)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import lightning as L
 from lightning.pytorch.callbacks import Timer
 
 
@@ -63,3 +64,27 @@ class Schedule:
         if not self.cosine:
             return 1.0
         return 0.5 * (1.0 + math.cos(math.pi * self.progress(step)))
+
+
+def restore_recipe_lr(trainer: L.Trainer | None, lr: float) -> None:
+    """A resumed run uses the learning rate ``lr`` of its recipe, not the one restored with the optimiser state
+    (its schedules' base rates included); says so when they differed."""
+    if trainer is None or trainer.ckpt_path is None:
+        return
+    changed = False
+    for config in trainer.lr_scheduler_configs:
+        scheduler = config.scheduler
+        if hasattr(scheduler, "base_lrs") and any(b != lr for b in scheduler.base_lrs):
+            changed = True
+            scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+            lambdas = getattr(scheduler, "lr_lambdas", None)
+            for i, group in enumerate(scheduler.optimizer.param_groups):
+                factor = lambdas[i](scheduler.last_epoch) if lambdas else 1.0
+                group["initial_lr"], group["lr"] = lr, lr * factor
+    if not trainer.lr_scheduler_configs:
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                changed = changed or group["lr"] != lr
+                group["lr"] = lr
+    if changed and trainer.is_global_zero:
+        print(f"gridtnp: resumed with the recipe's learning rate {lr:g} (the checkpoint had another)")
