@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 import torch
 from jsonargparse import Namespace
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -175,6 +176,11 @@ class GridTNPCLI(LightningCLI):
             from gridtnp.training.summary import RunSummary
 
             trainer.callbacks.insert(0, RunSummary())  # start-up and validation lines, the end-of-fit summary
+            bars = [i for i, c in enumerate(trainer.callbacks) if type(c) is TQDMProgressBar]
+            if bars:  # Lightning's default bar: one that keeps its total and ETA after a resume
+                from gridtnp.training.progress import ResumingProgressBar
+
+                trainer.callbacks[bars[0]] = ResumingProgressBar()
         return trainer
 
     def before_instantiate_classes(self) -> None:

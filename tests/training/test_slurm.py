@@ -145,6 +145,7 @@ def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
         "PYTHONWARNINGS": "ignore",
+        "GRIDTNP_ALLOW_IMPORTS": "tests",
     }
     reference = [sys.executable, "-m", "gridtnp.cli", "fit", "--config", recipe, "--trainer.strategy", "ddp",
                  "--trainer.default_root_dir", str(tmp_path / "ref"),
@@ -172,7 +173,7 @@ def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp
     wait(lambda: state() == "", "the relaunched job to finish", 600)
 
     log = next(tmp_path.glob("job-*.out")).read_text()
-    assert "gridtnp: stopped by SIGTERM after step 5; last.ckpt written" in log
+    assert "gridtnp: stopped by SIGTERM after step 5; saved " in log
     assert "Exited with exit code 143" in log  # the scheduler sees an interrupted run, not a success
     assert "(global step 5)" in log and "resuming from" in log
     expected = {r["step"]: r for r in read_records(tmp_path / "ref_rec") if r["kind"] == "train"}
