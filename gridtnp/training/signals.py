@@ -6,9 +6,10 @@ every rank saves the same step with the same collective ``trainer.save_checkpoin
 could interrupt a rank in the middle of a gradient all-reduce. Then:
 
 * SIGTERM (what Slurm, Kubernetes and ``timeout`` send), SIGINT (Ctrl-C) and SIGHUP (a closed terminal): stop.
-* SIGUSR1 under Slurm (``--signal=SIGUSR1@90``; or the requeue signal of a ``SLURMEnvironment`` plugin): requeue the
-  job (``scontrol requeue``, rank 0) and stop. Lightning's own requeue handler, which saves inside the handler, is
-  turned off (``disable_lightning_requeue``). Outside Slurm, SIGUSR1 saves and training goes on.
+* SIGUSR1 under Slurm (``--signal=SIGUSR1@90``; or the requeue signal of a ``SLURMEnvironment`` plugin): after the
+  save, requeue the job (``requeue_job``: ``scontrol requeue``, rank 0) and stop. Lightning's own requeue
+  handler, which saves inside the handler, is turned off (``disable_lightning_requeue``). Outside Slurm, SIGUSR1
+  saves and training goes on.
 * A second Ctrl-C raises ``HardStop`` at once; a rename that replaces ``last.ckpt`` is finished first
   (``uninterrupted``), so the newest complete checkpoint is always there.
 """
@@ -129,9 +130,8 @@ class SignalPath:
             os.write(sys.stderr.fileno(), f"\n{FIRST_CTRL_C}\n".encode())  # not print(): a handler may cut one
 
     def agree(self, trainer: L.Trainer) -> tuple[int | None, bool]:
-        """The signal that stops training on any rank (None: none) and whether any rank asked for a save; a
-        max-reduce over the ranks, so every rank acts on the same step. Requeues the job when the requeue signal
-        came (rank 0, after the ranks agreed, before the save)."""
+        """The signal that stops training on any rank (None: none; the requeue signal when that came) and whether
+        any rank asked for a save: a max-reduce over the ranks (collective), so every rank acts on the same step."""
         stop = next((int(s) for s in STOP_SIGNALS if self.received.get(s)), 0)
         requeue = int(bool(self.requeue_signal and self.received.pop(self.requeue_signal, False)))
         save = int(bool(self.received.pop(signal.SIGUSR1, False)))
