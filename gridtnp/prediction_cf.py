@@ -220,7 +220,7 @@ def attribution_of(*objects: Any) -> dict[str, Any]:
     """The attribution attributes (``title``, ``source``, licence, ...) of xarray objects, the first found of each."""
     out: dict[str, Any] = {}
     for obj in objects:
-        attrs = obj if isinstance(obj, Mapping) else getattr(obj, "attrs", {})
+        attrs = obj.attrs if isinstance(obj, xr.DataArray | xr.Dataset) else obj if isinstance(obj, Mapping) else {}
         for key in ("title", "source", *ATTRIBUTION):
             if key in attrs and key not in out:
                 out[key] = attrs[key]

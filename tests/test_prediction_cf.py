@@ -116,7 +116,8 @@ def test_stations_without_identifiers_are_named_by_their_location() -> None:
     module = station_model()
     field, stations, reporting = inputs()
     anonymous = stations.isel(time=0).drop_vars("station")
-    out = predict(module, {"grid": field["t2m"].isel(time=0), "stations": reporting.isel(time=0)}, anonymous)
+    out = predict(module, {"grid": field.isel(time=0), "stations": reporting.isel(time=0)}, anonymous)
+    assert out.attrs["license"] == ATTRIBUTION["license"]  # from the context Dataset's own attributes
     lat, lon = anonymous.latitude.values[0], anonymous.longitude.values[0]
     assert out.station.values[0] == f"{lat:+07.3f}{lon:+08.3f}" and len(out.station.values[0]) == 15
     assert out.attrs["featureType"] == "point" and out["time"].ndim == 0  # the context's time, kept
