@@ -151,6 +151,9 @@ class GridTNPCLI(LightningCLI):
             self.trainer.loggers = [
                 redacting(TensorBoardLogger(save_dir=logger.save_dir, name=logger.name, version=version))
             ]
+        for callback in self.trainer.checkpoint_callbacks:
+            if hasattr(callback, "follow_metric"):  # a mode against the metric: refused before a folder is made
+                callback.follow_metric(self.model)
         if rank_zero:
             self.locks = [lock_directory(d) for d in explicit_dirs or [self._default_checkpoint_dir()]]
             print("gridtnp: setting up the data and the devices ...", flush=True)

@@ -15,6 +15,7 @@ it over happen while holding it, and two processes never both take one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
@@ -65,6 +66,10 @@ def take_lock(path: Path) -> HeldLock:
             owner = _owner(fd)
             os.close(fd)
             raise LockBusy(path, owner[0], owner[1]) from None
+        except OSError as err:  # a file system without flock (some network mounts): the owner line alone decides
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise
         try:
             same_file = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
