@@ -10,7 +10,8 @@ import torch
 
 from gridtnp.batch import Batch
 from gridtnp.data.era5.blocks import BlockLayout
-from gridtnp.data.era5.coverage_masks import trim_mask
+from gridtnp.data.era5.coverage_masks import dropout_mask, trim_mask
+from gridtnp.data.era5.station_options import CoverageDropout
 from gridtnp.registry import ConfigError
 from tests.data.test_era5 import LAT, LON, datamodule
 
@@ -62,6 +63,14 @@ def test_trim_sides_follow_the_direction_of_the_axes(ascending: bool) -> None:
     south = 0 if ascending else 4
     assert not keep[south].any() and not keep[:, 3:].any()  # the south row and two east columns
     assert keep[4 - south, :3].all() and keep.sum() == 4 * 3
+
+
+def test_a_longitude_axis_around_the_globe_is_not_trimmed() -> None:
+    layout = BlockLayout(np.array([2, 2]), np.array([[0, 0], [1, 1]]), (9, 36), wrap_lon=True)  # 18 block columns
+    keep = dropout_mask(layout, CoverageDropout(trim_prob=1.0), torch.Generator().manual_seed(0), True, True)
+    for b in range(2):
+        rows = keep[b, : layout.num_blocks[b]].reshape(-1, 18)
+        assert rows[1:-1].all() and not rows[[0, -1]].any()  # the first and last block rows only
 
 
 def test_missing_blocks_are_masked_never_filled(store: str, stations: str) -> None:

@@ -45,15 +45,19 @@ def dropout_mask(
     lon_ascending: bool,
 ) -> np.ndarray:
     """``[B, size]``: the blocks each task keeps under ``dropout`` (one draw per task and side / block, from
-    ``generator``); a task that would lose every block keeps them all."""
+    ``generator``); a task that would lose every block keeps them all, and a wrapped longitude axis (around the
+    globe) is not trimmed."""
     b, size = len(layout.factor), layout.size
 
     def uniform(*shape: int) -> np.ndarray:
         return torch.rand(*shape, generator=generator, dtype=torch.float64).numpy()
 
-    # trimmed sides: each side with probability trim_prob, by 1..max_trim block rows / columns
+    # trimmed sides: each side with probability trim_prob, by 1..max_trim block rows / columns; a longitude axis
+    # around the globe has no west or east side
     depth = 1 + np.floor(uniform(b, 4) * dropout.max_trim).astype(np.int64)
-    keep = trim_mask(layout, np.where(uniform(b, 4) < dropout.trim_prob, depth, 0), lat_ascending, lon_ascending)
+    trim = np.where(uniform(b, 4) < dropout.trim_prob, depth, 0)
+    trim[:, 2:] *= not layout.wrap_lon
+    keep = trim_mask(layout, trim, lat_ascending, lon_ascending)
     # scattered missing blocks: in a share block_prob of the tasks, each block with probability block_fraction
     scattered = (uniform(b, 1) < dropout.block_prob) & (uniform(b, size) < dropout.block_fraction)
     # a masked region: 1..max_patch blocks high and wide, anywhere in the task's grid
