@@ -143,8 +143,8 @@ def test_predict_equals_the_module_path_on_station_tasks(name: str, cache: Path)
         want_mean = expected["mean"].values[b][batch.target.mask[b].numpy()]
         want_std = expected["std"].values[b][batch.target.mask[b].numpy()]
         for subset, rows in (("context", is_context), ("held-out", ~is_context)):
-            np.testing.assert_allclose(got["mean"].values[rows], want_mean[rows], rtol=1e-5, err_msg=subset)
-            np.testing.assert_allclose(got["std"].values[rows], want_std[rows], rtol=1e-5, err_msg=subset)
+            np.testing.assert_allclose(got["t2m"].values[rows], want_mean[rows], rtol=1e-5, err_msg=subset)
+            np.testing.assert_allclose(got["t2m_std"].values[rows], want_std[rows], rtol=1e-5, err_msg=subset)
             compared[subset] += int(rows.sum())
     assert compared["context"] > 0 and compared["held-out"] > 0
 
@@ -183,5 +183,5 @@ def test_predict_equals_the_module_path_on_multisource_tasks(cache: Path) -> Non
         assert 0 < at_context.sum() < len(at_context)
         want_mean, want_std = out["mean"][b, valid, 0].numpy() * std + mean, out["std"][b, valid, 0].numpy() * std
         for subset, rows in (("context", at_context), ("held-out", ~at_context)):
-            np.testing.assert_allclose(got["mean"].values[rows], want_mean[rows], rtol=1e-5, err_msg=subset)
-            np.testing.assert_allclose(got["std"].values[rows], want_std[rows], rtol=1e-5, err_msg=subset)
+            np.testing.assert_allclose(got["t2m"].values[rows], want_mean[rows], rtol=1e-5, err_msg=subset)
+            np.testing.assert_allclose(got["t2m_std"].values[rows], want_std[rows], rtol=1e-5, err_msg=subset)

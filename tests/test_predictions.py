@@ -5,6 +5,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
@@ -62,6 +64,20 @@ def test_predict_writes_station_predictions_with_units_and_provenance(checkpoint
         assert 0.1 < share < 0.2  # the middle of the recipe's U[0, 0.3]
         assert ds.attrs["checkpoint"] == str(checkpoint) and ds.attrs["recipe"] == RECIPE
         assert "grid_encoder" in ds.attrs["recipe_text"]
+        # CF station time series, as predict gives them (tests/test_prediction_cf.py), with the ERA5 attribution.
+        assert ds.attrs["Conventions"] == "CF-1.10" and ds.attrs["featureType"] == "timeSeries"
+        assert ds["station"].attrs["cf_role"] == "timeseries_id" and ds.station.dtype.kind in "OU"
+        assert ds["t2m"].dtype == ds["t2m_std"].dtype == ds["observed"].dtype == np.float32
+        assert ds["t2m"].attrs["standard_name"] == "air_temperature"
+        assert ds["t2m_std"].attrs["standard_name"] == "air_temperature standard_error"
+        assert ds["is_context"].attrs["flag_meanings"] == "held_out context"
+        assert "Copernicus" in ds.attrs["license"] and "ERA5" in ds.attrs["source"]
+        assert ds.attrs["source"].startswith("gridtnp predictions")
+        first = str(ds.station.values[0])
+    matplotlib.use("Agg")
+    xr.open_dataset(out).t2m.sel(station=first).plot()  # one station's series, in one line
+    xr.open_dataset(out).isel(time=0).plot.scatter(x="longitude", y="latitude", hue="t2m")  # one hour's map
+    plt.close("all")
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
