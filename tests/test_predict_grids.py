@@ -92,7 +92,7 @@ def test_cf_bounds_and_2d_coordinates_give_each_cell_its_own_points() -> None:
     with pytest.warns(UserWarning, match="without a value"):  # cells 0.4 degrees wide, 1 degree apart: gaps
         narrow = predict(module, {"grid": ds, "stations": stations}, targets)
     spacing = predict(module, {"grid": grid, "stations": stations}, targets)
-    assert np.abs(narrow["mean"].values - spacing["mean"].values).max() > 1e-4  # the bounds reached the model
+    assert np.abs(narrow["t2m"].values - spacing["t2m"].values).max() > 1e-4  # the bounds reached the model
     narrow_by_hand = np.array([[clim[12][np.ix_(np.abs(FINE_LAT - a) < 0.2, np.abs(FINE_LON - b) < 0.2)].mean()
                                 for b in lon] for a in lat])  # fmt: skip
     departures, _ = departures_from_reference(
@@ -108,7 +108,7 @@ def test_cf_bounds_and_2d_coordinates_give_each_cell_its_own_points() -> None:
     two_d = xr.DataArray(grid.values, dims=("y", "x"), attrs=KELVIN, coords={
         "latitude": (("y", "x"), lat2), "longitude": (("y", "x"), lon2), "time": noon})  # fmt: skip
     same = predict(module, {"grid": two_d, "stations": stations}, targets)
-    np.testing.assert_allclose(same["mean"].values, spacing["mean"].values, rtol=1e-6)
+    np.testing.assert_allclose(same["t2m"].values, spacing["t2m"].values, rtol=1e-6)
     # A curvilinear grid: refused where its cells' climatology is needed, with how to pass it.
     bent = two_d.assign_coords(latitude=(("y", "x"), lat2 + 0.01 * lon2))
     with pytest.raises(ConfigError, match=r"curvilinear grid.*regrid it to 1-D latitude and longitude.*point table"):
