@@ -1,9 +1,9 @@
 """How much of the model's domain a user's gridded context leaves without a value, and the warning that says so.
 
-The ERA5 models are trained with the whole box covered by coarse values (partial blocks at every edge, at every
-offset), so a grid trimmed at its edges (``coarsen(..., boundary="trim")``), or with missing (NaN) cells, is an
-input they have not seen. ``predict`` warns in one line when more than ``UNCOVERED_SHARE`` of the model's domain, or
-of the targets' surroundings, is uncovered.
+A grid trimmed at its edges (``coarsen(..., boundary="trim")``), or with missing (NaN) cells, costs accuracy: more
+for a model trained with the whole box covered (partial blocks at every edge, at every offset) than for one trained
+with ``task.coverage_dropout``. ``predict`` warns in one line when more than ``UNCOVERED_SHARE`` of the model's
+domain, or of the targets' surroundings, is uncovered.
 
 * ``uncovered_shares(axes, finite, region, targets, bounds)``: the largest share over tasks of the ``region``, and of
   the part of it within one cell of a target, that no cell with a value covers.
@@ -148,8 +148,8 @@ def _warn(name: str, where: str, domain: float, around: float, stacklevel: int =
         warnings.warn(
             f"predict: the gridded context {name!r} leaves {domain:.1%} of {where} and {around:.1%} of the "
             "targets' surroundings (within one cell of a target) without a value (a grid trimmed at its edges, or "
-            "missing cells); the model was trained with its whole domain covered, so predictions lose accuracy "
-            "there and near it: keep the partial cells at the grid's edges and fill what you can (docs/predict.md, "
+            "missing cells); predictions lose accuracy there and near it, more for a model trained without "
+            "coverage_dropout: keep the partial cells at the grid's edges and fill what you can (docs/predict.md, "
             "'The grid the model expects').",
             stacklevel=stacklevel,
         )
