@@ -138,7 +138,9 @@ def test_every_recipe_instantiates_through_the_cli(recipe, tmp_path):
 
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-SYNTHETIC_RECIPES = [p for p in RECIPES if "task" in yaml.safe_load(p.read_text())["data"]["init_args"]]
+SYNTHETIC_RECIPES = [
+    p for p in RECIPES if yaml.safe_load(p.read_text())["data"].get("class_path") == "gridtnp.data.SyntheticDataModule"
+]
 
 
 @pytest.mark.parametrize("recipe", SYNTHETIC_RECIPES, ids=lambda p: p.stem)
