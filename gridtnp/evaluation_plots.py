@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gridtnp.batch import Batch
+from gridtnp.calibration_plots import plot_calibration, plot_standardised_errors
 from gridtnp.evaluation import context_in_units, errors_by_kind, variable_label
 from gridtnp.map_axes import compact_longitudes, geographic_axes, map_figure
 from gridtnp.metrics import central_interval_halfwidth
@@ -24,10 +25,8 @@ from gridtnp.plots import (
     draw_map,
     is_geographic,
     oracle_posterior,
-    plot_calibration,
     plot_gp1d,
     plot_map,
-    plot_standardised_errors,
     regular_grid,
     to_numpy,
 )

