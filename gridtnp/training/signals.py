@@ -72,7 +72,7 @@ def disable_lightning_requeue(trainer: L.Trainer) -> None:
     signal handler on each rank, a collective that can hang under DDP. ``SignalPath`` requeues instead."""
     environment = getattr(trainer._accelerator_connector, "cluster_environment", None)
     if isinstance(environment, SLURMEnvironment):
-        environment._auto_requeue = False  # read by Lightning's signal connector when fit starts
+        environment.auto_requeue = False  # read by Lightning's signal connector when fit starts
 
 
 def requeue_job() -> str:

@@ -320,6 +320,7 @@ def slurm_ranks(
         }  # fmt: skip
         env = cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **slurm)
         ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", str(world), "--trainer.strategy", "ddp"]
+        ddp += ["--data.init_args.loader.val_batches", str(max(3, world))]  # a validation batch for every rank
         command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", *ddp, *extra,
                               pause_at_step=pause, pause_seconds=4.0)  # fmt: skip
         procs.append(subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
