@@ -12,7 +12,7 @@ import gridtnp
 from gridtnp.registry import KINDS, SHARED, arguments, available, build, describe, document, get
 
 PACKAGE = Path(gridtnp.__file__).parent
-MAX_LINES = 500
+MAX_LINES = 400
 
 
 def module_name(path: Path) -> str:

@@ -32,6 +32,7 @@ from gridtnp.cli.guards import (
 )
 from gridtnp.cli.reports import ProgressLog, format_metrics, metrics_path, versioned_path
 from gridtnp.files import is_url
+from gridtnp.locks import claim_version, lock_directory, unlock_directory
 from gridtnp.redaction import redact, redact_url
 from gridtnp.registry import ConfigError
 from gridtnp.training.checkpointing import (
@@ -45,7 +46,6 @@ from gridtnp.training.checkpointing import (
     resume_checkpoint,
     unusable_reason,
 )
-from gridtnp.training.locks import claim_version, lock_directory, unlock_directory
 
 
 class GridTNPCLI(LightningCLI):

@@ -39,9 +39,7 @@ def list_components(args: list[str]) -> None:
     parser.add_argument("name", nargs="?", help="one component of KIND: its docstring and arguments")
     parser.add_argument("--params", action="store_true", help="build each model preset and count its parameters")
     parser.add_argument("--markdown", metavar="TABLE", help="print a markdown table: components or shared")
-    parser.add_argument(
-        "--docs", nargs="+", metavar="PAGE", help="rewrite the marked tables of PAGEs"
-    )
+    parser.add_argument("--docs", nargs="+", metavar="PAGE", help="rewrite the marked tables of PAGEs")
     parser.add_argument("--check", action="store_true", help="with --docs: change nothing, exit 1 if a page is stale")
     opts = parser.parse_args(args)
     if opts.markdown or opts.docs:

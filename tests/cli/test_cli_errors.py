@@ -1120,7 +1120,7 @@ def test_a_stale_lock_is_taken_over_by_one_process_only(tmp_path):
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from gridtnp.training.locks import LockBusy, release_lock, take_lock
+    from gridtnp.locks import LockBusy, release_lock, take_lock
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

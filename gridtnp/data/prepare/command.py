@@ -181,5 +181,3 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
             raise DataError(f"--storage-option {pair!r}: expected KEY=VALUE, e.g. token=anon.")
         out[key] = value
     return out or None
-
-

@@ -61,7 +61,7 @@ from gridtnp.data.prepare.output_store import (
 )
 from gridtnp.data.prepare.writer import clear_state, state_matches, write_blocks
 from gridtnp.files import is_url, remove_path, replace_path
-from gridtnp.training.locks import locked_output
+from gridtnp.locks import locked_output
 
 
 def prepare(
