@@ -30,12 +30,12 @@ def test_a_refitted_baseline_trains_validates_and_regresses_on_the_new_layout() 
     skill = load_script()
     config = yaml.safe_load((ROOT / "recipes" / "era5_mos_kriging.yaml").read_text())
     again = skill.refitted(config, (3, (1, 0)), (4, (0, 0)))
-    data = again["data"]["init_args"]
+    data = again["data"]["init_args"]["task"]
     assert (data["coarsen"], data["coarsen_offset"]) == (3, [1, 0])
     assert (data["eval_coarsen"], data["eval_offset"]) == (3, [1, 0])
     spacing = config["model"]["init_args"]["grid_decoder"]["spacing"]
     assert again["model"]["init_args"]["grid_decoder"]["spacing"] == spacing * 3 / 4  # the stencil follows the blocks
-    assert config["data"]["init_args"]["coarsen_offset"] == [0, 0]  # the recipe itself is left as it was
+    assert config["data"]["init_args"]["task"]["coarsen_offset"] == [0, 0]  # the recipe itself is left as it was
 
 
 def test_scores_split_held_out_and_context_stations() -> None:

@@ -33,6 +33,7 @@ RECIPE_PARAMETERS = {
     "era5_mos.yaml": 17787,  # 33 x 49 places x (1 + 9 coefficients + 1 log variance)
     "era5_mos_kriging.yaml": 17790,  # + the GP's lengthscale, output scale and noise
     "era5_multisource_swin.yaml": 549762,
+    "era5_observations_swin.yaml": 738779,
     "era5_pt_tnp.yaml": 643458,
     "era5_swin.yaml": 738779,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (2 + 128 + 260 + 2 +
     # regression: 33 x 49 x 60 coefficients, 10 shape terms up to cubic x 6 position monomials, and 1 lengthscale),
