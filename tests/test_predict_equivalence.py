@@ -2,10 +2,10 @@
 ``gridtnp predict`` run it) on the DataModule's test tasks, for every ERA5 recipe kind the embedded sample serves.
 
 The xarray inputs are built here by hand from the sample's NetCDF file with plain xarray and numpy (kelvin, 1-D
-coordinates, the coarse field with the DataModule's partial edge blocks), not with the project's helpers: only
-which stations are context and which points are targets comes from the tasks. Models are the recipes' own specs
-made small, with perturbed initial weights and a variance calibration whose two scales differ from 1 and from each
-other, so a context station given the held-out scale (or the reverse) shows.
+coordinates, the coarse field with the DataModule's partial edge blocks), not with the project's own input
+functions: only which stations are context and which points are targets comes from the tasks. Models are the
+recipes' own specs made small, with perturbed initial weights and a variance calibration whose two scales differ
+from 1 and from each other, so a context station given the held-out scale (or the reverse) shows.
 """
 
 from __future__ import annotations
