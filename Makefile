@@ -30,7 +30,7 @@ demo: install
 	$(BIN)/gridtnp test --config $(DEMO_RECIPE) --trainer.default_root_dir $(DEMO_DIR) \
 		--checkpoint.dirpath $(DEMO_DIR)/checkpoints --ckpt_path best
 
-## The test suite (under 10 minutes on 2 CPU cores): the fast tests, then the scale-out tests, which launch
+## The test suite (about 18 minutes on 2 idle CPU cores): the fast tests, then the scale-out tests, which launch
 ## `gridtnp fit` in subprocesses (DDP with 2 CPU processes, killed / signalled and resumed runs, a SLURM requeue).
 test: install browser
 	$(BIN)/ruff check .
