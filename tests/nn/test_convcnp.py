@@ -294,3 +294,58 @@ def test_encoder_under_bf16_autocast_matches_float32() -> None:
         out = enc({"p": t}).tokens
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=0.05, rtol=0.02)  # only the final Linear runs in bf16
+
+
+def test_max_pool_unet_matches_a_direct_computation() -> None:
+    """downsampling max_pool: ReLU-conv blocks, 2x max-pool (floor), linear upsampling, concatenated skips."""
+    import torch.nn.functional as F
+
+    grid = Grid([0.0, 0.0], [1.0, 1.0], [13, 18])
+    proc = UNetProcessor(grid, dim=5, channels=(4, 6, 3), kernel_size=3, downsampling="max_pool")
+    u = torch.randn(2, 13, 18, 5)
+
+    def block(conv: GridConv, h: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(F.relu(h), conv.conv.weight, conv.conv.bias, padding=1)
+
+    h0 = (u @ proc.inp.weight.T + proc.inp.bias).permute(0, 3, 1, 2)  # [2, 4, 13, 18]
+    s0 = block(proc.down[0], h0)  # [2, 6, 13, 18]
+    s1 = block(proc.down[1], F.max_pool2d(s0, 2))  # [2, 3, 6, 9]
+    b = block(proc.bottleneck, F.max_pool2d(s1, 2))  # [2, 3, 3, 4]
+    up1 = block(proc.up[1], torch.cat([F.interpolate(b, (6, 9), mode="bilinear", align_corners=True), s1], 1))
+    up0 = block(proc.up[0], torch.cat([F.interpolate(up1, (13, 18), mode="bilinear", align_corners=True), s0], 1))
+    want = up0.permute(0, 2, 3, 1) @ proc.out.weight.T + proc.out.bias
+    torch.testing.assert_close(proc(Latent(u, grid=grid))[0].tokens, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel_size", "conv_parameters"), [((64, 128), 9, 9_290_368), ((4, 24, 60), 5, 14_336_640)]
+)
+def test_max_pool_unet_has_the_authors_parameter_counts(
+    shape: tuple[int, ...], kernel_size: int, conv_parameters: int
+) -> None:
+    """Five blocks of 128 channels, two poolings: the gridded TNP paper's ERA5 ConvCNP U-Nets (2-D and 3-D)."""
+    grid = Grid([0.0] * len(shape), [1.0] * len(shape), shape)
+    with torch.device("meta"):
+        proc = UNetProcessor(grid, dim=128, channels=(128, 128, 128), kernel_size=kernel_size, downsampling="max_pool")
+    convs = [proc.bottleneck, *proc.down, *proc.up]
+    assert len(convs) == 5
+    assert sum(p.numel() for m in convs for p in m.parameters()) == conv_parameters
+
+
+def test_max_pool_unet_runs_on_rolled_and_3d_grids() -> None:
+    """Shapes kept; not exactly shift-equivariant (``align_corners`` upsampling, as the authors')."""
+    grid = Grid([0.0, 0.0], [1.0, 1.0], [10, 16], roll=[False, True])
+    proc = UNetProcessor(grid, dim=4, channels=(4, 4, 4), kernel_size=3, downsampling="max_pool")
+    assert proc(Latent(torch.randn(1, 10, 16, 4), grid=grid))[0].tokens.shape == (1, 10, 16, 4)
+    grid3 = Grid([0.0] * 3, [1.0] * 3, [4, 6, 9])
+    proc3 = UNetProcessor(grid3, dim=4, channels=(4, 4, 4), kernel_size=3, downsampling="max_pool")
+    assert proc3(Latent(torch.randn(2, 4, 6, 9, 4), grid=grid3))[0].tokens.shape == (2, 4, 6, 9, 4)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        UNetProcessor(Grid([0.0], [1.0], [18], roll=[True]), channels=(4, 4, 4), downsampling="max_pool")
+
+
+def test_max_pool_unet_errors_are_actionable() -> None:
+    with pytest.raises(ValueError, match="downsampling must be one of strided, max_pool"):
+        UNetProcessor(Grid([0.0], [1.0], [16]), downsampling="avg_pool")
+    with pytest.raises(ValueError, match="needs >= 4"):
+        UNetProcessor(Grid([0.0, 0.0], [1.0, 1.0], [3, 8]), channels=(4, 4, 4), downsampling="max_pool")

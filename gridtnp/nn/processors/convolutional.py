@@ -94,6 +94,9 @@ def channels_last(x: Tensor) -> Tensor:
     return x.movedim(1, -1)
 
 
+DOWNSAMPLINGS = ("strided", "max_pool")
+
+
 @register("processor", "cnn")
 class CNNProcessor(nn.Module):
     """Residual CNN on grid tokens ``[B, M1..Md, dim]``: Linear -> ``layers`` x (conv, ReLU, 1x1 conv) + skip -> Linear.
@@ -154,27 +157,37 @@ class CNNProcessor(nn.Module):
 
 @register("processor", "unet")
 class UNetProcessor(nn.Module):
-    """U-Net on grid tokens ``[B, M1..Md, dim]``: strided convs down, transposed convs up, skip concatenations.
+    """U-Net on grid tokens ``[B, M1..Md, dim]`` with skip concatenations; ``downsampling`` picks the layout.
 
-    ``channels = (c_0, ..., c_L)``: Linear ``dim -> c_0``; level ``l`` halves the grid with a stride-2
-    ``kernel_size`` conv ``c_{l-1} -> c_l`` (+ ReLU); going up, a stride-2 transposed conv maps level ``l`` to
-    ``c_{l-1}`` channels (+ ReLU), concatenated with the skip from level ``l-1`` (so ``2 c_{l-1}`` channels
-    enter the next transposed conv); a final Linear ``2 c_0 -> dim``. The layout follows the ConvCNP U-Net
-    (Gordon et al., 2020), in N-d.
+    ``channels = (c_0, ..., c_L)``, ``L`` levels below the top. Both layouts start with a Linear ``dim -> c_0``.
 
+    ``strided`` (default): level ``l`` halves the grid with a stride-2 ``kernel_size`` conv ``c_{l-1} -> c_l``
+    (+ ReLU); going up, a stride-2 transposed conv maps level ``l`` to ``c_{l-1}`` channels (+ ReLU),
+    concatenated with the skip from level ``l-1`` (so ``2 c_{l-1}`` channels enter the next transposed conv);
+    a final Linear ``2 c_0 -> dim``. The layout follows the ConvCNP U-Net (Gordon et al., 2020), in N-d.
     Defaults, ``channels = (64, 64, 64, 128, 128)`` and ``kernel_size = 5`` (4 downsamplings, so a 32 x 32
     grid reaches 2 x 2): 2,073,472 U-Net parameters in 2-D; a 2-D ConvCNP with ``dim = 128`` (kernel-
     interpolation encoder with ``in_dim = 1`` and decoder, Gaussian head) totals 2,107,142, the gridded TNP
     paper's ~2.1 M. In 1-D the same U-Net has 435,072 parameters.
 
-    Grid sizes: each ordinary dimension is zero-padded at its end to a multiple of ``2^L`` and cropped back;
-    a rolled dimension must itself be a multiple of ``2^L`` (padding would break its periodicity).
+    ``max_pool`` (the gridded TNP authors' U-Net, ``2 L + 1`` blocks): every block is ReLU then a 'same'
+    ``kernel_size`` conv; going down, block ``l`` maps ``c_l -> c_{l+1}``, its output is the skip, and a
+    2x max-pool halves the grid (floor); a bottleneck block ``c_L -> c_L``; going up, the features are
+    linearly interpolated (``align_corners``) to the skip's grid, concatenated with it and a block maps
+    ``2 c_{l+1} -> c_l``; a final Linear ``c_0 -> dim``. ``channels = (128, 128, 128)`` gives 9,290,368
+    convolution parameters at kernel 9 in 2-D and 14,336,640 at kernel 5 in 3-D: the paper's ERA5 ConvCNPs.
+
+    Grid sizes: a rolled dimension must be a multiple of ``2^L`` (padding or flooring would break its
+    periodicity). ``strided`` zero-pads each ordinary dimension at its end to a multiple of ``2^L`` and crops
+    back; ``max_pool`` needs each ordinary dimension to have at least ``2^L`` points.
 
     Args:
         grid: the grid of the tokens, 1-, 2- or 3-D (passed by the model: the grid encoder's).
         dim: token width D.
         channels: widths ``(c_0, ..., c_L)``: the top level, then one per downsampling; >= 2 positive entries.
-        kernel_size: kernel width of the strided and transposed convolutions; odd, >= 3.
+        kernel_size: kernel width of the convolutions; odd, >= 3.
+        downsampling: ``strided`` (stride-2 and transposed convolutions) or ``max_pool`` (conv blocks, max-pooling
+            and linear upsampling).
     """
 
     num_states = 1
@@ -185,6 +198,7 @@ class UNetProcessor(nn.Module):
         dim: int = 128,
         channels: Sequence[int] = (64, 64, 64, 128, 128),
         kernel_size: int = 5,
+        downsampling: str = "strided",
     ) -> None:
         super().__init__()
         channels = [int(c) for c in channels]
@@ -193,8 +207,12 @@ class UNetProcessor(nn.Module):
                 f"processor 'unet': channels must list >= 2 positive widths (the top level, then one per "
                 f"downsampling); got {channels}."
             )
+        if downsampling not in DOWNSAMPLINGS:
+            raise ValueError(
+                f"processor 'unet': downsampling must be one of {', '.join(DOWNSAMPLINGS)}; got {downsampling!r}."
+            )
         _check_kernel("unet", kernel_size, minimum=3)
-        self.grid, self.levels = grid, len(channels) - 1
+        self.grid, self.levels, self.pooled = grid, len(channels) - 1, downsampling == "max_pool"
         factor = 2**self.levels
         for d, (size, rolled) in enumerate(zip(grid.shape, grid.roll, strict=True)):
             if rolled and size % factor:
@@ -205,7 +223,23 @@ class UNetProcessor(nn.Module):
                     f"(e.g. {', '.join(str(s) for s in (lower, upper) if s > 0)}); change the grid shape or use "
                     f"fewer channel levels."
                 )
+            if self.pooled and size < factor:
+                raise ValueError(
+                    f"processor 'unet': grid dimension {d} has {size} points, too few for {self.levels} 2x "
+                    f"max-poolings (channels={channels}); it needs >= {factor}: enlarge the grid or use fewer levels."
+                )
         self.inp = nn.Linear(dim, channels[0])
+        if self.pooled:
+            self.down = nn.ModuleList(
+                GridConv("unet", grid, channels[i], channels[i + 1], kernel_size) for i in range(self.levels)
+            )
+            self.bottleneck = GridConv("unet", grid, channels[-1], channels[-1], kernel_size)
+            self.up = nn.ModuleList(
+                GridConv("unet", grid, 2 * channels[i + 1], channels[i], kernel_size) for i in range(self.levels)
+            )
+            self.out = nn.Linear(channels[0], dim)
+            self.padding = [0] * grid.ndim
+            return
         self.down = nn.ModuleList(
             GridConv("unet", grid, channels[i], channels[i + 1], kernel_size, stride=2) for i in range(self.levels)
         )
@@ -220,6 +254,11 @@ class UNetProcessor(nn.Module):
     def forward(self, latent: Latent) -> list[Latent]:
         check_grid_tokens("unet", self.grid, latent.tokens)
         h = channels_first(self.inp(latent.tokens))
+        h = self._pooled(h) if self.pooled else self._strided(h)
+        return [latent.with_tokens(self.out(channels_last(h)))]
+
+    def _strided(self, h: Tensor) -> Tensor:
+        """``[B, c_0, M1..Md] -> [B, 2 c_0, M1..Md]``: stride-2 convs down, transposed convs up."""
         if any(self.padding):
             h = F.pad(h, [p for pad in reversed(self.padding) for p in (0, pad)])
         skips = [h]
@@ -230,4 +269,19 @@ class UNetProcessor(nn.Module):
             h = torch.cat([F.relu(self.up[i](h)), skips.pop()], dim=1)
         for d, size in enumerate(self.grid.shape):  # crop the end padding; loop over grid dimensions (d <= 3)
             h = h.narrow(2 + d, 0, size)
-        return [latent.with_tokens(self.out(channels_last(h)))]
+        return h
+
+    def _pooled(self, h: Tensor) -> Tensor:
+        """``[B, c_0, M1..Md] -> [B, c_0, M1..Md]``: pre-activation conv blocks, max-pool down, interpolate up."""
+        pool = getattr(F, f"max_pool{self.grid.ndim}d")
+        mode = ("linear", "bilinear", "trilinear")[self.grid.ndim - 1]
+        skips = []
+        for down in self.down:
+            skips.append(down(F.relu(h)))
+            h = pool(skips[-1], 2)
+        h = self.bottleneck(F.relu(h))
+        for i in reversed(range(self.levels)):
+            skip = skips.pop()
+            h = F.interpolate(h, size=skip.shape[2:], mode=mode, align_corners=True)
+            h = self.up[i](F.relu(torch.cat([h, skip], dim=1)))
+        return h
