@@ -17,9 +17,13 @@ from gridtnp.registry import register
 
 @register("likelihood", "gaussian")
 class GaussianLikelihood(nn.Module):
-    """Heteroscedastic Gaussian: MLP ``[B, N, D] -> [B, N, 2 Dy]`` -> mean and ``variance = softplus(raw) + min_noise``.
+    """Heteroscedastic Gaussian: MLP ``[B, N, D] -> [B, N, 2 Dy]`` -> mean and ``std = sqrt(softplus(raw) + min_noise)
+    + min_std``.
 
     The default head has two hidden layers, as the TE-TNP paper's decoder MLP (``layers: 2`` for one).
+    ``min_noise`` floors the variance; ``min_std`` is the gridded TNP paper's eq. 14 (``sigma_min`` added to the
+    standard deviation, as the authors' code does): the same floor for ``min_std ** 2 = min_noise``, but another
+    mapping from the head's output, so another optimisation landscape.
 
     Args:
         dim: token width D of the target tokens.
@@ -27,20 +31,27 @@ class GaussianLikelihood(nn.Module):
         hidden: hidden width of the MLP head; null for ``dim``.
         layers: number of linear layers of the MLP head (``layers - 1`` hidden layers; 3 as in the TE-TNP paper).
         min_noise: lower bound on the predictive variance (a variance, not a standard deviation); >= 0.
+        min_std: added to the predictive standard deviation (eq. 14's ``sigma_min``); >= 0.
     """
 
     def __init__(
-        self, dim: int = 128, dim_y: int = 1, hidden: int | None = None, layers: int = 3, min_noise: float = 1e-4
+        self,
+        dim: int = 128,
+        dim_y: int = 1,
+        hidden: int | None = None,
+        layers: int = 3,
+        min_noise: float = 1e-4,
+        min_std: float = 0.0,
     ) -> None:
         super().__init__()
-        if min_noise < 0:
-            raise ValueError(f"gaussian likelihood: min_noise must be >= 0; got {min_noise}.")
+        if min_noise < 0 or min_std < 0:
+            raise ValueError(f"gaussian likelihood: min_noise and min_std must be >= 0; got {min_noise}, {min_std}.")
         self.head = mlp(dim, 2 * dim_y, hidden or dim, layers)
-        self.min_noise = min_noise
+        self.min_noise, self.min_std = min_noise, min_std
 
     def forward(self, z: Tensor) -> Normal:
         mean, raw = self.head(z).float().chunk(2, dim=-1)
-        return Normal(mean, (F.softplus(raw) + self.min_noise).sqrt())
+        return Normal(mean, (F.softplus(raw) + self.min_noise).sqrt() + self.min_std)
 
 
 @register("likelihood", "homoscedastic")

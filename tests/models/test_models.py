@@ -161,6 +161,22 @@ def test_gaussian_head_has_two_hidden_layers_as_the_te_tnp_paper():
     torch.testing.assert_close(dist.stddev, (F.softplus(raw) + 1e-3).sqrt())
 
 
+def test_gaussian_min_std_adds_sigma_min_to_the_standard_deviation():
+    """min_std: std = sqrt(softplus(raw)) + sigma_min (the gridded TNP paper's eq. 14), not a variance floor."""
+    from torch.nn import functional as F
+
+    from gridtnp.nn.likelihoods import GaussianLikelihood
+
+    torch.manual_seed(0)
+    head = GaussianLikelihood(dim=8, dim_y=1, min_noise=0.0, min_std=0.1)
+    z = torch.randn(2, 6, 8)
+    raw = head.head(z).chunk(2, -1)[1]
+    torch.testing.assert_close(head(z).stddev, F.softplus(raw).sqrt() + 0.1)
+    assert (head(z).stddev > 0.1).all()
+    with pytest.raises(ValueError, match="min_std must be >= 0"):
+        GaussianLikelihood(min_std=-0.1)
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_parameter_gets_a_gradient(name):
     # A parameter outside the loss's graph is dead compute in the forward pass and makes DDP fail without
