@@ -4,7 +4,7 @@
     python benchmarks/paper_parameters.py table1       # only recipes whose name starts with table1
 
 The paper's count is read from each recipe's header (``Paper: ... X M parameters.``); tests/models/test_paper_recipes.py
-checks those headers against the paper's tables and the 10 % tolerance. Builds the models only (seconds).
+checks those headers against the paper's tables and the 5 % tolerance. Builds the models only (seconds).
 """
 
 from __future__ import annotations
