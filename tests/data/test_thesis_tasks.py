@@ -251,4 +251,5 @@ def test_thesis_era5_recipe_builds_and_its_data_section_constructs():
     from gridtnp.data import StationReanalysisDataModule
 
     dm = StationReanalysisDataModule(**config["data"]["init_args"])  # checks every option (no store is opened)
-    assert (dm.random_points, dm.num_targets) == (3000, 1000)
+    assert (dm.random_points, dm.num_targets) == (5000, 3000)  # 1-2k context points, 3,000 targets (Fig. 4.9)
+    assert dm.batch_size * dm.train_batches == 8000  # the thesis's 8,000 training tasks per epoch
