@@ -8,7 +8,8 @@
   over ``path``; the directory is fsynced after the rename.
 
 With ``previous``, the version of ``path`` being replaced is kept there instead of deleted. ``is_url(path)``: whether
-a path is remote (``gs://...``), which none of these write to.
+a path is remote (``gs://...``), which none of these write to. ``out_of_space(err)``: whether an error, or one it
+was raised from, is a full disk or quota.
 
 ``check_output(path, what, option, overwrite, same_kind)``: outputs never replace what they did not write. An
 existing ``path`` is refused unless the user passed the overwrite ``option``, and even then unless it is the same
@@ -18,6 +19,7 @@ other files.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
@@ -32,6 +34,18 @@ from gridtnp.registry import ConfigError
 def is_url(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a remote URL (``gs://``, ``s3://``, ``https://``, ...) rather than a local path."""
     return "://" in str(path)
+
+
+def out_of_space(err: BaseException | None) -> bool:
+    """Whether ``err`` or an error in its chain (``__cause__``, ``__context__``) is a full disk or quota."""
+    seen = 0
+    while err is not None and seen < 20:  # libraries re-raise I/O errors as their own, the OSError underneath
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(err):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 def check_output(

@@ -185,6 +185,10 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
                     f"{name}'s context sources {dim_y} (name: Dy) do not match the model's {model_sources}: set the "
                     "model's dim_y to the data's mapping, or use a recipe made for this data."
                 )
+        box = optional(datamodule, "target_box")
+        for part in self.model.modules() if box is not None else ():
+            if hasattr(part, "check_box"):  # a table of places (the mos decoders) must cover the targets
+                part.check_box(box, name)
 
     @property
     def num_parameters(self) -> int:

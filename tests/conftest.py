@@ -49,11 +49,19 @@ def grid_coords(grid: Grid) -> list[list[float]]:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """How many bad inputs the table tests hold (``tests/cli/test_cli_errors.py``), when they ran."""
+    """How many bad inputs the table tests hold (``tests/cli/test_cli_errors.py``,
+    ``tests/cli/test_bad_input_answers.py``), when they ran."""
     module = sys.modules.get("tests.cli.test_cli_errors")
     if module is not None:
         cases = len(module.CASES) + len(module.API_CASES)
         terminalreporter.write_line(
             f"bad-input table: {cases} cases ({len(module.CASES)} through the CLI, {len(module.API_CASES)} through "
             "the predict API)"
+        )
+    answers = sys.modules.get("tests.cli.test_bad_input_answers")
+    if answers is not None:
+        rows = {name: len(getattr(answers, name)) for name in ("ERRORS", "ANSWERS", "READERS")}
+        terminalreporter.write_line(
+            f"bad-input answers: {sum(rows.values())} cases ({rows['ERRORS']} one-line errors, {rows['ANSWERS']} "
+            f"answers, {rows['READERS']} table readers)"
         )

@@ -26,6 +26,7 @@ import lightning as L
 import torch
 
 from gridtnp.data.sections import moved_argument, section_key_error
+from gridtnp.files import out_of_space
 from gridtnp.registry import ConfigError, accepted_arguments
 from gridtnp.training.checkpointing import CheckpointError
 
@@ -242,6 +243,10 @@ def environment_error_line(err: BaseException) -> str | None:
             f"out of memory ({text[:160] or 'MemoryError'}): the batch or prediction grid is too large for this "
             "machine; use a smaller --data.init_args.batch_size or fewer target points."
         )
+    if out_of_space(err):
+        full = next((e for e in _chain(err) if getattr(e, "filename", None)), err)
+        where = f" writing {full.filename}" if getattr(full, "filename", None) else ""
+        return f"no space left on device{where}; free space or choose another output path."
     if isinstance(err, PermissionError | IsADirectoryError | NotADirectoryError | FileExistsError) or (
         isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.ENOSPC)
     ):
@@ -250,6 +255,15 @@ def environment_error_line(err: BaseException) -> str | None:
     if isinstance(err, MisconfigurationException) or (isinstance(err, ValueError) and _raised_by_lightning(err)):
         return f"{text} (Lightning)"
     return None
+
+
+def _chain(err: BaseException | None) -> list[BaseException]:
+    """``err`` and the errors it was raised from."""
+    out: list[BaseException] = []
+    while err is not None and len(out) < 20:
+        out.append(err)
+        err = err.__cause__ or err.__context__
+    return out
 
 
 def _raised_by_lightning(err: BaseException) -> bool:

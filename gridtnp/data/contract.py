@@ -31,6 +31,7 @@ OPTIONAL_ATTRIBUTES: dict[str, str] = {
     "task": "plots (the task's true posterior, task.posterior, when it has one)",
     "describe": "NeuralProcessModule.on_fit_start (one line on the data, printed)",
     "batch_size": "gridtnp.training.run_scale (tasks per step, reported)",
+    "target_box": "NeuralProcessModule.setup (a table of places, as the mos decoders have, covers the targets)",
 }
 
 
@@ -65,6 +66,8 @@ class GridDataModule(L.LightningDataModule):
         batch_size: tasks per batch (reported with the run's scale); None: not reported.
         predictions_to_xarray: ``(outputs: list[dict]) -> xarray.Dataset``, the predictions in physical units with
             coordinates for ``gridtnp predict``; None: the raw tensors are written per task.
+        target_box: after ``setup``, ``{"axes": names, "targets": (lower, upper), "grid": (lower, upper)}``: the
+            corners ``[dim_x]`` of the target locations and of the data's grid; None: unchecked.
     """
 
     dim_x: int | None = None
@@ -73,6 +76,7 @@ class GridDataModule(L.LightningDataModule):
     task: Task | None = None
     batch_size: int | None = None
     predictions_to_xarray: Callable[[list[dict[str, Any]]], Any] | None = None
+    target_box: dict[str, Any] | None = None
 
     def variable_metadata(self) -> DataMetadata | None:
         """Normalisation statistics, names and units of the variables, kept with the checkpoint (None: nothing)."""

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from gridtnp.data.csv_table import read_csv_table
 from gridtnp.data.layout import DataError, wrap_longitude
 
 COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
@@ -49,7 +50,7 @@ def read_stations(
             )
         as_text = {found[k]: str for k in COLUMN_ALIASES if found[k] is not None}
         # Blank lines kept so that row i of the frame is line i + 2 of the file (line 1 is the header).
-        table = pd.read_csv(name, dtype=as_text, skip_blank_lines=False)
+        table = read_csv_table(name, "stations", dtype=as_text, skip_blank_lines=False)
     except DataError:
         raise
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
@@ -136,3 +137,14 @@ def _regular(axis: np.ndarray, name: str) -> tuple[float, float]:
             "snapping by index arithmetic needs equally spaced points."
         )
     return float(axis[0]), step
+
+
+def station_box(table: pd.DataFrame, lat: np.ndarray, lon: np.ndarray) -> dict[str, object]:
+    """``GridDataModule.target_box`` of stations snapped to the grid ``lat [H]``, ``lon [W]`` (their ``lat_index``,
+    ``lon_index``, the locations the tasks give): the corners ``[latitude, longitude]`` of the stations and the grid."""
+    at = (lat[table["lat_index"].to_numpy()], lon[table["lon_index"].to_numpy()])
+    return {
+        "axes": ["latitude", "longitude"],
+        "targets": ([float(a.min()) for a in at], [float(a.max()) for a in at]),
+        "grid": ([float(lat.min()), float(lon.min())], [float(lat.max()), float(lon.max())]),
+    }

@@ -133,10 +133,19 @@ def best_checkpoint(dirpath: str | os.PathLike) -> tuple[Path, str, float | None
         if not best:
             continue
         path = Path(best)
-        if not path.is_file() or not _inside(path, dirpath):  # the folder was moved since, or a foreign path
+        outside = path.is_file() and not _inside(path, dirpath)
+        if not path.is_file() or outside:  # the folder was moved since, or a foreign path
             path = Path(dirpath) / path.name
+        if not path.is_file() and outside:
+            raise CheckpointError(
+                f"--ckpt_path best: {newest} names {best} as the best checkpoint, which lies outside {dirpath}; only "
+                "checkpoints in the run's folder are read as 'best': copy it there, or pass it as --ckpt_path FILE."
+            )
         if not path.is_file():
-            raise CheckpointError(f"--ckpt_path best: {newest} names {best} as the best checkpoint, which is gone.")
+            raise CheckpointError(
+                f"--ckpt_path best: {newest} names {best} as the best checkpoint, which is gone (not in {dirpath} "
+                "either); use --ckpt_path last or a checkpoint file."
+            )
         score = state.get("best_model_score")
         return path, str(state.get("monitor")), None if score is None else float(score)
     raise CheckpointError(

@@ -932,7 +932,7 @@ def test_checkpoint_paths_stay_in_their_folder_and_foreign_files_are_skipped(cnp
     state["callbacks"] = {"Checkpoint": {"best_model_path": str(outside), "monitor": "val/loglik",
                                          "best_model_score": torch.tensor(1.0)}}  # fmt: skip
     torch.save(state, last)
-    with pytest.raises(CheckpointError, match="which is gone"):  # not the file outside the folder
+    with pytest.raises(CheckpointError, match="which lies outside"):  # not the file outside the folder
         best_checkpoint(run)
     copy_of(run / "best.ckpt", cnp_checkpoint)
     os.utime(last)  # last.ckpt stays the newest file, the one whose record is read

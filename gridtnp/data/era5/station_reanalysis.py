@@ -153,7 +153,7 @@ class StationReanalysisDataModule(StoreDataModule):
         if self.task is not None:
             return
         from gridtnp.data.sample import STATIONS_SAMPLE, sample_path
-        from gridtnp.data.stations import read_stations
+        from gridtnp.data.stations import read_stations, station_box
 
         path = self.store_path()
         variables = list(dict.fromkeys([*self.grid_variables, self.station_variable]))
@@ -188,7 +188,7 @@ class StationReanalysisDataModule(StoreDataModule):
         kept = table[keep]
         self.station_table = kept.reset_index(drop=True)
         self._station_counts = (station_file, len(table), int(table["inside"].sum()), int(keep.sum()))
-        self.time_axis, self.box = ds.indexes["time"], (lat, lon)
+        self.time_axis, self.box, self.target_box = ds.indexes["time"], (lat, lon), station_box(kept, lat, lon)
         self.units = str(ds[self.station_variable].attrs.get("units", ""))
         self.long_name = str(ds[self.station_variable].attrs.get("long_name", self.station_variable))
         station_index = np.stack([kept["lat_index"].to_numpy(np.int64), kept["lon_index"].to_numpy(np.int64)])

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gridtnp.data.csv_table import read_csv_table
 from gridtnp.data.layout import DataError, wrap_longitude
 
 REQUIRED = ("station_id", "time", "latitude", "longitude")
@@ -63,7 +64,7 @@ def read_table(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, np.ndarray]:
         line = np.arange(len(table)) + 2  # as if written to CSV with a header line
     else:
         try:  # blank lines kept so that row i is line i + 2 of the file (line 1 is the header)
-            table = pd.read_csv(name, dtype=str, skip_blank_lines=False)
+            table = read_csv_table(name, "observations", dtype=str, skip_blank_lines=False)
         except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
             raise DataError(f"{name}: cannot be read as a CSV of observations ({type(err).__name__}: {err}).") from err
         line = np.arange(len(table)) + 2

@@ -10,6 +10,7 @@ from typing import Any
 from gridtnp.data.freed_memory import keep_freed_memory
 from gridtnp.data.layout import DataError
 from gridtnp.data.prepare.pipeline import prepare
+from gridtnp.files import out_of_space
 
 
 def data_main(argv: Sequence[str]) -> None:
@@ -114,6 +115,21 @@ def data_main(argv: Sequence[str]) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     opts = parser.parse_args(list(argv))
     keep_freed_memory()  # this process is prepare's own: every block's arrays reuse the last block's pages
+    try:
+        _run(opts)
+    except DataError:
+        raise
+    except Exception as err:
+        if not out_of_space(err):
+            raise
+        raise DataError(
+            f"no space left on device writing {opts.out}; free space or choose another --out (rerun the same "
+            "command to resume)."
+        ) from err
+
+
+def _run(opts: argparse.Namespace) -> None:
+    """Prepare or append as ``opts`` (the parsed command line) asks."""
     if opts.append:
         from gridtnp.data.prepare.append import append
 

@@ -4,8 +4,8 @@
   ``merge_expver`` (the CDS's final ERA5 and ERA5T in one field), then ``gridtnp.data.layout.normalise``, then
   ``check_part``.
 * ``check_part(ds, source)``: one normalised input: a longitude axis without a jump (a 0-360 box across the date
-  line), at most one dimension besides ``time, latitude, longitude``, and each variable transposed to
-  ``[time, ..., latitude, longitude]``.
+  line, unless a ``--region`` across it asks for one: ``check_longitudes``), at most one dimension besides
+  ``time, latitude, longitude``, and each variable transposed to ``[time, ..., latitude, longitude]``.
 * ``check_units(parts, paths)``: a variable held by several inputs has the same ``units`` in each.
 * ``check_writable(path, option)``: the output's folder can be written; ``check_jobs(jobs)``: a read concurrency
   of at least 1.
@@ -28,10 +28,11 @@ import xarray as xr
 from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, normalise
 
 
-def normalise_checked(ds: xr.Dataset, source: str) -> xr.Dataset:
+def normalise_checked(ds: xr.Dataset, source: str, longitudes: bool = True) -> xr.Dataset:
     """``normalise(ds)`` with the checks of ``check_coordinates`` and ``merge_expver`` before and ``check_part``
-    after it."""
-    return check_part(normalise(merge_expver(check_coordinates(ds, source), source), source), source)
+    after it (``longitudes`` False: the longitude axis is checked once cut to a ``--region``)."""
+    normalised = normalise(merge_expver(check_coordinates(ds, source), source), source)
+    return check_part(normalised, source, longitudes)
 
 
 EXPVER = "expver"
@@ -85,9 +86,10 @@ def check_coordinates(ds: xr.Dataset, source: str) -> xr.Dataset:
     return ds
 
 
-def check_part(ds: xr.Dataset, source: str) -> xr.Dataset:
+def check_part(ds: xr.Dataset, source: str, longitudes: bool = True) -> xr.Dataset:
     """``ds`` with every variable in the documented dimension order; a ``DataError`` for what cannot be used."""
-    _check_longitudes(ds["longitude"].values.astype(np.float64), source)
+    if longitudes:
+        check_longitudes(ds["longitude"].values.astype(np.float64), source)
     order = {}
     for name, var in ds.data_vars.items():
         if not set(DIMS) <= set(var.dims):
@@ -107,8 +109,9 @@ def check_part(ds: xr.Dataset, source: str) -> xr.Dataset:
     return ds
 
 
-def _check_longitudes(lon: np.ndarray, source: str) -> None:
-    """A sorted, wrapped longitude axis with one step much wider than the rest: a box across the date line."""
+def check_longitudes(lon: np.ndarray, source: str) -> None:
+    """Refuse a sorted, wrapped longitude axis with one step much wider than the rest: a box across the date line
+    that no ``--region`` across it asked for."""
     if lon.size < 3:
         return
     steps = np.diff(lon)
@@ -118,8 +121,8 @@ def _check_longitudes(lon: np.ndarray, source: str) -> None:
         raise DataError(
             f"{source}: the longitudes cross the date line (after wrapping to [-180, 180) they run "
             f"{lon[0]:g}..{lon[wide]:g} and {lon[wide + 1]:g}..{lon[-1]:g}, a {steps[wide]:g} degree jump inside the "
-            "axis); a prepared store keeps one regular axis in [-180, 180). Prepare the boxes on either side of "
-            "180E separately, or choose a box that does not cross it."
+            "axis); pass a --region across it (LON_MIN > LON_MAX, e.g. --region -90 90 "
+            f"{lon[wide + 1]:g} {lon[wide]:g}) to keep the box whole, or prepare either side of 180E separately."
         )
 
 

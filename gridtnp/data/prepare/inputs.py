@@ -23,9 +23,18 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from gridtnp.data.archive import NAMES, Pick, level_indices, raw_variables, resolve, select_part, valid_dates
+from gridtnp.data.archive import (
+    NAMES,
+    VALID_STOP,
+    Pick,
+    level_indices,
+    raw_variables,
+    resolve,
+    select_part,
+    valid_dates,
+)
 from gridtnp.data.layout import COORD_ALIASES, DIMS, DataError, date_bounds, iso
-from gridtnp.data.prepare.input_checks import check_units, normalise_checked
+from gridtnp.data.prepare.input_checks import check_longitudes, check_units, normalise_checked
 from gridtnp.files import is_url
 
 GRIB_SUFFIXES = (".grib", ".grb", ".grib2", ".grb2")
@@ -77,7 +86,7 @@ def open_sources(
     names = ", ".join(map(str, paths))
     opened: list[xr.Dataset] = []
     try:
-        parts, kept = [], []
+        parts, kept, stops = [], [], []
         for path in paths:
             opened.append(open_source(path, selection.storage_options if selection else None))
             if selection is None:
@@ -85,6 +94,8 @@ def open_sources(
             else:
                 part = selection.cut(opened[-1], variables, str(path))
                 if part.sizes["time"] == 0:
+                    if VALID_STOP in opened[-1].attrs:
+                        stops.append(f"{path} holds final data to {opened[-1].attrs[VALID_STOP]} (valid_time_stop)")
                     continue
             steps = time_chunk or auto_time_chunk(part)  # read as it will be written: no larger chunk in memory
             parts.append(part.chunk({dim: (steps if dim == "time" else -1) for dim in part.dims}))
@@ -95,6 +106,12 @@ def open_sources(
                 if selection.after is not None
                 else f"between --start {selection.start} and --end {selection.end}"
             )
+            if stops and selection.after is not None:
+                raise DataError(
+                    f"{'; '.join(stops)}: no step of final data after the store's last step "
+                    f"({iso(selection.after)}); its later steps are the archive's empty padding. Append once the "
+                    "archive's final data goes further (or pass --end within valid_time_stop_era5t for ERA5T)."
+                )
             raise DataError(f"{names}: no time step {window}.")
         check_units(parts, kept)
         ds = parts[0] if len(parts) == 1 else _combine(parts, kept)
@@ -125,21 +142,25 @@ class Selection:
         """One raw input as opened: the requested variables (archive or short names) and dates, chunked, normalised,
         then cut to the region and levels, lazily."""
         start, end = valid_dates(raw.attrs, self.start, self.end, where)
+        whole = self.region is None  # with a region, the longitudes are checked as cut (it may cross the date line)
         # Variables, levels and dates first, on the lazy backend arrays: chunked whole, an archive's 1.3 M hourly
         # steps of dozens of variables would be a task graph of minutes and gigabytes, and every step of 37 levels
         # (ARCO-ERA5 chunks a level variable's hour whole) would stay in memory for its one level read.
         if variables is None:  # every variable on time, latitude and longitude, under its short name
-            part = normalise_checked(_step_chunks(_dates(raw, start, end, self.after)), where)
+            part = normalise_checked(_step_chunks(_dates(raw, start, end, self.after)), where, whole)
             gridded = [str(v) for v, da in part.data_vars.items() if set(DIMS) <= set(da.dims)]
             picks = [Pick(v, None, NAMES.get(v, v)) for v in gridded]
             part = part[gridded]
         else:
             picks = resolve(raw, variables, where)
             raw = raw[raw_variables(picks)].isel(level_indices(raw, picks, self.levels))
-            part = normalise_checked(_step_chunks(_dates(raw, start, end, self.after)), where)
+            part = normalise_checked(_step_chunks(_dates(raw, start, end, self.after)), where, whole)
         if self.after is not None:  # time is ascending once normalised: the steps after it are a tail (a slice)
             part = part.isel(time=slice(int(part.indexes["time"].searchsorted(self.after, side="right")), None))
-        return select_part(part, picks, self.levels, start, end, self.region)
+        part = select_part(part, picks, self.levels, start, end, self.region)
+        if self.region is not None and self.region[2] <= self.region[3]:
+            check_longitudes(part["longitude"].values.astype(np.float64), where)
+        return part
 
 
 def _dates(raw: xr.Dataset, start: str | None, end: str | None, after: np.datetime64 | None = None) -> xr.Dataset:

@@ -60,7 +60,7 @@ from gridtnp.data.prepare.output_store import (
     zarr_major,
 )
 from gridtnp.data.prepare.writer import clear_state, state_matches, write_blocks
-from gridtnp.files import is_url, remove_path, replace_path
+from gridtnp.files import is_url, out_of_space, remove_path, replace_path
 from gridtnp.locks import locked_output
 
 
@@ -161,6 +161,8 @@ def prepare(
             except DataError:
                 raise
             except Exception as err:
+                if out_of_space(err):
+                    raise  # one line from the command (gridtnp.data.prepare.command)
                 raise DataError(
                     f"Reading {', '.join(map(str, inputs))} failed while writing ({type(err).__name__}: {err}); "
                     "is an input file truncated or corrupt? (Rerun the same command to resume.)"
@@ -197,7 +199,15 @@ def _cluster(address: str | None, log: Any) -> Iterator[None]:
         from distributed import Client
     except ImportError as err:
         raise DataError("--scheduler needs dask.distributed: pip install gridtnp[distributed]") from err
-    with Client(address) as client:
+    try:
+        client = Client(address)
+    except (OSError, ValueError, TypeError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DataError(
+            f"--scheduler {address}: no dask.distributed scheduler reached ({reason}); give the address of a running "
+            "scheduler this machine can reach (tcp://host:8786), or leave --scheduler out to read here."
+        ) from None
+    with client:
         workers = len(client.scheduler_info()["workers"])
         log(f"gridtnp data prepare: reading on the cluster at {address} ({workers} workers)")
         yield

@@ -10,6 +10,21 @@ import numpy as np
 import xarray as xr
 
 MOMENT_ELEMENTS = 2**22  # values per float64 pass of the running statistics (32 MiB)
+FILL_LIMIT = 1e30  # beyond any physical value: an undeclared fill value (netCDF's default float fill is 9.97e36)
+
+
+def mask_fill_values(values: np.ndarray, count: int = 0) -> tuple[np.ndarray, int]:
+    """``values [T, ...]`` with every value beyond ``+-FILL_LIMIT`` (infinities too) set to NaN, and ``count`` plus
+    how many were; declared ``_FillValue`` / ``missing_value`` are NaN already (xarray masks them when reading)."""
+    if values.dtype.kind != "f" or values.size == 0:
+        return values, count
+    flat = values.reshape(-1)
+    if np.fmax.reduce(flat) <= FILL_LIMIT and np.fmin.reduce(flat) >= -FILL_LIMIT:  # no temporaries, NaN skipped
+        return values, count
+    bad = (values > FILL_LIMIT) | (values < -FILL_LIMIT)
+    values = values if values.flags.writeable else values.copy()
+    values[bad] = np.nan
+    return values, count + int(bad.sum())
 
 
 class HourlySums:

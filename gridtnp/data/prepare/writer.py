@@ -27,6 +27,7 @@ import functools
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,7 +43,7 @@ from dask.array.core import concatenate3
 from dask.base import get_scheduler
 from dask.optimization import cull
 
-from gridtnp.data.prepare.statistics import HourlySums, RunningMoments
+from gridtnp.data.prepare.statistics import HourlySums, RunningMoments, mask_fill_values
 from gridtnp.files import atomic_write
 
 STATE = ".gridtnp_prepare_state.json"
@@ -141,6 +142,7 @@ def write_blocks(
         values = blocks.read(a, b) if blocks is not None else None
         return values if values is not None else dask.compute(*[ds[v].data[a:b] for v in names], **options)
 
+    fills = dict.fromkeys(names, 0)
     # The next block is read while this one is written and folded into the statistics (two blocks in memory), so
     # reading (decompression, a remote store's round trips) overlaps writing (compression) and the statistics.
     with ThreadPoolExecutor(1, thread_name_prefix="gridtnp-prepare-read") as reader:
@@ -150,6 +152,7 @@ def write_blocks(
             arrays = upcoming.result()
             upcoming = reader.submit(read, index + 1) if index + 1 < len(starts) else None
             for i, (v, values) in enumerate(zip(names, arrays, strict=True)):
+                values, fills[v] = mask_fill_values(values, fills[v])
                 if write:
                     group[v][offset + a : offset + b] = values
                 lo, hi = max(a, train[0]), min(b, train[1])
@@ -167,6 +170,13 @@ def write_blocks(
                 log(
                     _progress_line(b - first_hour, total - first_hour, nbytes * (b - first_hour) / total, now - started)
                 )
+    for v, count in fills.items():
+        if count:
+            warnings.warn(
+                f"{v}: {count:,} value(s) beyond +-1e30 or infinite (a fill value the input does not "
+                "declare as _FillValue or missing_value?) are stored as missing (NaN), outside the statistics.",
+                stacklevel=2,
+            )
     stats = {}
     for v in names:
         mean, std = moments[v].result()

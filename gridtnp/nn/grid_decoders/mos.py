@@ -27,7 +27,7 @@ from gridtnp.nn.grid_decoders.gridded import gather_rows
 from gridtnp.nn.grid_decoders.interpolation import check_final, source_axes
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.nn.tokens import Latent
-from gridtnp.registry import register
+from gridtnp.registry import ConfigError, register
 
 PAD_NOISE = 1.0e10  # noise variance of padded GP points: they carry no information
 
@@ -142,6 +142,29 @@ class MOSDecoder(nn.Module):
         init[1 + len(self.offsets) // 2] = 1.0  # the centre: the coarse cell's own value
         self.coef = PlaceTable(places, init, name)
         self.log_var = PlaceTable(places, torch.tensor([float(init_variance)]).log(), name)
+
+    def check_box(self, box: Mapping[str, Any], data: str) -> None:
+        """Refuse data whose targets (``box``: ``GridDataModule.target_box``) lie beyond the table of places by more
+        than half a place: each would take the coefficients of the nearest edge place, fitted elsewhere."""
+        axes, (lower, upper) = self.coef.axes, box["targets"]
+        half = [0.5 * float(a[1] - a[0]) if a.numel() > 1 else 0.0 for a in axes]
+        first, last = [float(a[0]) for a in axes], [float(a[-1]) for a in axes]
+        inside = zip(first, last, half, lower, upper, strict=True)
+        if all(a - h - 1e-6 <= lo and hi <= b + h + 1e-6 for a, b, h, lo, hi in inside):
+            return
+        names = box.get("axes") or [f"x{d}" for d in range(len(axes))]
+        (grid_lo, grid_hi), step = box["grid"], [2 * h or 1.0 for h in half]
+        shape = [round((hi - lo) / s) + 1 for lo, hi, s in zip(grid_lo, grid_hi, step, strict=True)]
+
+        def span(lo: Sequence[float], hi: Sequence[float]) -> str:
+            return ", ".join(f"{n} {a:g} to {b:g}" for n, a, b in zip(names, lo, hi, strict=True))
+
+        raise ConfigError(
+            f"grid decoder {self.kind!r}: its places cover {span(first, last)} but {data}'s targets lie at "
+            f"{span(lower, upper)} (its grid: {span(grid_lo, grid_hi)}), where they would share the edge places' "
+            "coefficients; set the recipe's grid_decoder places to the data's box, "
+            f"{{lower: {[float(v) for v in grid_lo]}, upper: {[float(v) for v in grid_hi]}, shape: {shape}}}."
+        )
 
     def context(self, states: list[Latent]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The context set: locations ``[B, N, d]``, values ``[B, N]``, mask ``[B, N]``, source ids ``[B, N]``."""
