@@ -17,8 +17,7 @@ from gridtnp.registry import register
 
 @register("likelihood", "gaussian")
 class GaussianLikelihood(nn.Module):
-    """Heteroscedastic Gaussian: MLP ``[B, N, D] -> [B, N, 2 Dy]`` -> mean and ``std = sqrt(softplus(raw) + min_noise)
-    + min_std``.
+    """Heteroscedastic Gaussian ``[B, N, D] -> [B, N, Dy]``: MLP, std ``sqrt(softplus(raw) + min_noise) + min_std``.
 
     The default head has two hidden layers, as the TE-TNP paper's decoder MLP (``layers: 2`` for one).
     ``min_noise`` floors the variance; ``min_std`` is the gridded TNP paper's eq. 14 (``sigma_min`` added to the

@@ -157,7 +157,7 @@ class CNNProcessor(nn.Module):
 
 @register("processor", "unet")
 class UNetProcessor(nn.Module):
-    """U-Net on grid tokens ``[B, M1..Md, dim]`` with skip concatenations; ``downsampling`` picks the layout.
+    """U-Net on grid tokens ``[B, M1..Md, dim]``: strided convs or max-pooling down (``downsampling``), skip concats.
 
     ``channels = (c_0, ..., c_L)``, ``L`` levels below the top. Both layouts start with a Linear ``dim -> c_0``.
 
