@@ -6,7 +6,7 @@
 Each row runs in its own process (peak RSS is a per-process high-water mark): the recipe's model with random
 weights, one task with ``--context`` random points per source over the recipe's grid, and ``--targets`` random
 target locations, predicted with ``NeuralProcess.forward_chunked`` (``gridtnp.models.neural_process.TARGET_CHUNK``
-targets at a time, as ``gridtnp predict`` and ``gridtnp.predictions.predict`` do) or, for ``--plain`` sizes, with
+targets at a time, as ``gridtnp predict`` and ``gridtnp.inference.predict`` do) or, for ``--plain`` sizes, with
 one ``forward`` over every target. Bounded memory shows as the same peak for every chunked size.
 """
 

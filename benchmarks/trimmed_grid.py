@@ -21,7 +21,7 @@ import xarray as xr
 
 from gridtnp import NeuralProcessModule
 from gridtnp.data import sample_path
-from gridtnp.predictions import predict
+from gridtnp.inference import predict
 
 
 def scores(pred: xr.Dataset, truth: xr.DataArray, held: np.ndarray) -> dict[str, float]:

@@ -23,7 +23,7 @@ _LAZY = {
     "create_model": "gridtnp.models",
     "NeuralProcessModule": "gridtnp.module",
 }
-_SUBPACKAGES = {"cli", "data", "models", "nn", "training"}
+_SUBPACKAGES = {"cli", "data", "inference", "models", "nn", "report", "training"}
 
 __all__ = [
     "Batch",

@@ -9,7 +9,7 @@ point of the target source (``observed_targets``: a station that is also in the 
 nearly returns an observed value there, so its error is orders of magnitude below the others'. Validation
 metrics, and so the checkpoint monitor ``val/loglik``, are always of the uncalibrated predictive (the scales are
 fitted on them). Test and predict multiply the predictive std by these scales: ``test/{name}`` are calibrated and
-``test/uncalibrated/{name}`` are reported besides. ``gridtnp.predictions.predict`` applies it too.
+``test/uncalibrated/{name}`` are reported besides. ``gridtnp.inference.predict`` applies it too.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
 
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         """Predictive ``mean``, ``std`` ``[B, Nt, Dy]`` with the targets' ``x``, ``y``, ``mask`` and the batch's
-        extras (e.g. ``hour``), on the CPU, for ``gridtnp.predictions.PredictionWriter``."""
+        extras (e.g. ``hour``), on the CPU, for ``gridtnp.inference.predictions.PredictionWriter``."""
         if batch_idx == 0:
             self.model.warn_outside_grid(batch.context, batch.target)
         target = batch.target

@@ -28,8 +28,8 @@ from gridtnp.batch import Batch
 from gridtnp.data.contract import OPTIONAL_ATTRIBUTES, optional
 from gridtnp.models import NeuralProcess
 from gridtnp.module import DATA_KEY, NeuralProcessModule
-from gridtnp.plots import is_geographic
 from gridtnp.registry import _REGISTRY, KINDS, ConfigError, available, build, get
+from gridtnp.report.plots import is_geographic
 from tests import test_architecture as architecture
 
 ROOT = Path(__file__).resolve().parents[1]

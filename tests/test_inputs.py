@@ -11,9 +11,9 @@ import torch
 import xarray as xr
 
 from gridtnp.batch import Batch, BatchError, Observations
+from gridtnp.inference import predict
 from gridtnp.models import create_model
 from gridtnp.nn.likelihoods import log_likelihood
-from gridtnp.predictions import predict
 
 
 def test_infinite_context_values_and_locations_are_missing_like_nan():

@@ -14,13 +14,13 @@ from torch.distributions import Normal
 
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
-from gridtnp.calibration_plots import plot_standardised_errors
 from gridtnp.cli import main
 from gridtnp.data import SyntheticDataModule
 from gridtnp.data.sections import from_flat_arguments
-from gridtnp.map_axes import compact_longitudes
-from gridtnp.plots import PlotCallback, evaluation_figures, plot_map, regular_grid
 from gridtnp.registry import build_from_spec
+from gridtnp.report.calibration_plots import plot_standardised_errors
+from gridtnp.report.map_axes import compact_longitudes
+from gridtnp.report.plots import PlotCallback, evaluation_figures, plot_map, regular_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG"
@@ -151,7 +151,7 @@ def test_gridtnp_plot_writes_pngs(tmp_path: Path, capsys: pytest.CaptureFixture)
 
 
 def test_reliability_diagram_coverage_of_calibrated_and_over_confident_errors(tmp_path: Path) -> None:
-    from gridtnp.calibration_plots import RELIABILITY_LEVELS, interval_coverage, plot_reliability
+    from gridtnp.report.calibration_plots import RELIABILITY_LEVELS, interval_coverage, plot_reliability
 
     z = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
     np.testing.assert_allclose(interval_coverage(z), RELIABILITY_LEVELS, atol=0.005)  # on the diagonal

@@ -1,4 +1,4 @@
-"""``gridtnp.predictions.predict`` equals the module's own path (``predict_step``, as ``gridtnp test`` and
+"""``gridtnp.inference.predict`` equals the module's own path (``predict_step``, as ``gridtnp test`` and
 ``gridtnp predict`` run it) on the DataModule's test tasks, for every ERA5 recipe kind the embedded sample serves.
 
 The xarray inputs are built here by hand from the sample's NetCDF file with plain xarray and numpy (kelvin, 1-D
@@ -24,8 +24,8 @@ from gridtnp import NeuralProcessModule
 from gridtnp.batch import Batch, Observations
 from gridtnp.cli import GridTNPCLI
 from gridtnp.data import sample_path
-from gridtnp.prediction_coverage import warn_uncovered_batch
-from gridtnp.predictions import predict
+from gridtnp.inference import predict
+from gridtnp.inference.coverage import warn_uncovered_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter:UserWarning")
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,10 +12,10 @@ import xarray as xr
 
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Observations
-from gridtnp.prediction_cells import cell_edges, cell_weights
-from gridtnp.prediction_climatology import departures_from_reference
-from gridtnp.prediction_coverage import warn_uncovered_batch
-from gridtnp.predictions import predict
+from gridtnp.inference import predict
+from gridtnp.inference.cells import cell_edges, cell_weights
+from gridtnp.inference.climatology import departures_from_reference
+from gridtnp.inference.coverage import warn_uncovered_batch
 from gridtnp.registry import ConfigError
 
 FINE_LAT, FINE_LON = np.arange(50.0, 58.01, 0.25), np.arange(-10.0, 2.01, 0.25)  # the embedded sample's grid

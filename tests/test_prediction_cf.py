@@ -11,7 +11,7 @@ import torch
 import xarray as xr
 
 from gridtnp import NeuralProcessModule
-from gridtnp.predictions import predict
+from gridtnp.inference import predict
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -82,7 +82,7 @@ def test_station_predictions_are_a_cf_time_series(tmp_path: Path) -> None:
     for key in ("institution", "references", "license"):
         assert out.attrs[key] == ATTRIBUTION[key]
     source = out.attrs["source"]
-    assert source.startswith("gridtnp.predictions.predict") and ATTRIBUTION["source"] in source
+    assert source.startswith("gridtnp.inference.predict") and ATTRIBUTION["source"] in source
 
     path = tmp_path / "pred.nc"
     out.to_netcdf(path)

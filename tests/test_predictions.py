@@ -15,8 +15,8 @@ import xarray as xr
 from gridtnp import NeuralProcessModule
 from gridtnp.batch import Observations
 from gridtnp.cli import GridTNPCLI
-from gridtnp.prediction_cells import cell_weights
-from gridtnp.predictions import predict, raw_predictions
+from gridtnp.inference.cells import cell_weights
+from gridtnp.inference.predictions import predict, raw_predictions
 from gridtnp.registry import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,3 +317,18 @@ def test_climatology_cells_of_a_date_line_grid_are_found_from_either_convention(
         weights = cell_weights(centres, axis, "longitude")
         np.testing.assert_array_equal(np.flatnonzero(weights[0]), np.flatnonzero(np.isin(axis, [185.0, 190.0])))
         np.testing.assert_array_equal(np.flatnonzero(weights[1]), np.flatnonzero(np.isin(axis, [195.0, 200.0])))
+
+
+def test_gridtnp_predictions_is_an_alias_of_gridtnp_inference(tmp_path: Path) -> None:
+    import gridtnp.inference
+    import gridtnp.predictions
+
+    for name in gridtnp.inference.__all__:
+        assert getattr(gridtnp.predictions, name) is getattr(gridtnp.inference, name), name
+    for source in ("gridtnp.inference.predict", "gridtnp.predictions.predict", "gridtnp predictions"):
+        path = tmp_path / f"{source.replace(' ', '_')}.nc"
+        xr.Dataset({"t2m": ("x", np.zeros(2))}, attrs={"source": source}).to_netcdf(path)
+        assert gridtnp.inference.is_prediction_file(path), source
+    other = tmp_path / "other.nc"
+    xr.Dataset({"t2m": ("x", np.zeros(2))}, attrs={"source": "ERA5"}).to_netcdf(other)
+    assert not gridtnp.inference.is_prediction_file(other)

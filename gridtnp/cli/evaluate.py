@@ -109,8 +109,8 @@ def plot_main(args: list[str]) -> None:
     )
     opts, rest = parse_evaluation_args(parser, args, num_tasks=4)
     check_output(opts.out, "plot folder", "--overwrite", opts.overwrite, is_plot_folder)
-    from gridtnp.evaluation import run_split  # matplotlib only loads for this subcommand and the callback
-    from gridtnp.evaluation_plots import split_figures
+    from gridtnp.report.evaluation import run_split  # matplotlib only loads for this subcommand and the callback
+    from gridtnp.report.evaluation_plots import split_figures
 
     with quiet_lightning_info():
         cli = load_checkpoint(opts.config, opts.ckpt_path, rest)
@@ -140,7 +140,7 @@ def report_main(args: list[str]) -> None:
     opts, rest = parse_evaluation_args(parser, args, num_tasks=2)
     if opts.out.suffix.lower() not in (".html", ".htm"):
         parser.error(f"--out {opts.out}: expected an .html file name")
-    from gridtnp.cli.html_report import is_report, write_report
+    from gridtnp.report.page import is_report, write_report
 
     check_output(opts.out, "report", "--overwrite", opts.overwrite, is_report)
     geographic = None if opts.geographic == "auto" else opts.geographic == "yes"

@@ -51,7 +51,7 @@ from gridtnp.training.checkpointing import (
 class GridTNPCLI(LightningCLI):
     """LightningCLI for any ``NeuralProcessModule`` and ``LightningDataModule`` (``class_path`` in the recipe),
     with gridtnp's trainer defaults, a best/last checkpoint callback (``--checkpoint.*``), prediction plots logged to
-    TensorBoard (``--plots.*``, ``gridtnp.plots.PlotCallback``), a prediction writer (``--predictions.*``), the
+    TensorBoard (``--plots.*``, ``gridtnp.report.plots.PlotCallback``), a prediction writer (``--predictions.*``), the
     parameter count printed, and the test metrics printed as a table and written to JSON.
 
     ``fit`` resumes from the newest readable checkpoint with ``--ckpt_path last``, and by itself when an explicitly
@@ -86,8 +86,8 @@ class GridTNPCLI(LightningCLI):
             )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        from gridtnp.plots import PlotCallback
-        from gridtnp.predictions import PredictionWriter
+        from gridtnp.inference.predictions import PredictionWriter
+        from gridtnp.report.plots import PlotCallback
 
         parser.add_lightning_class_args(Checkpoint, "checkpoint")
         parser.add_lightning_class_args(PlotCallback, "plots")
@@ -317,7 +317,7 @@ class GridTNPCLI(LightningCLI):
     def before_predict(self) -> None:
         """Tell the prediction writer which recipe produced the run (recorded in the file's attributes), and keep
         Lightning from holding every batch's outputs (``--return_predictions true`` to keep them)."""
-        from gridtnp.predictions import PredictionWriter
+        from gridtnp.inference.predictions import PredictionWriter
 
         configs = [str(c) for c in self.config[self.subcommand].get("config") or []]
         for callback in self.trainer.callbacks:

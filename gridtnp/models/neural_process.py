@@ -159,7 +159,7 @@ class NeuralProcess(nn.Module):
     def warn_outside_grid(self, context: dict[str, Observations], target: Observations) -> None:
         """Warn when targets or context lie beyond a gridded model's grid by more than half a cell: the model clamps
         such context into its edge cells and extrapolates to such targets. It syncs the device, so the prediction
-        paths call it (``gridtnp predict``, ``gridtnp.predictions.predict``), not the training loop."""
+        paths call it (``gridtnp predict``, ``gridtnp.inference.predict``), not the training loop."""
         grid = self.grid
         if grid is None:
             return

@@ -836,7 +836,7 @@ API_CASES = [
 
 @pytest.mark.parametrize(("kwargs", "message"), [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
 def test_a_predict_api_mistake_is_one_config_error(kwargs, message):
-    from gridtnp.predictions import predict
+    from gridtnp.inference import predict
     from gridtnp.registry import ConfigError
 
     with pytest.raises(ConfigError) as err:
@@ -847,8 +847,8 @@ def test_a_predict_api_mistake_is_one_config_error(kwargs, message):
 def test_predict_api_pairs_sources_by_time_and_reads_times_in_utc():
     import pandas as pd
 
-    from gridtnp.prediction_inputs import utc_times
-    from gridtnp.predictions import predict
+    from gridtnp.inference import predict
+    from gridtnp.inference.inputs import utc_times
     from gridtnp.registry import ConfigError
 
     module = station_module()
@@ -984,7 +984,7 @@ def test_the_table_holds_every_case():
 
 
 def test_predict_decodes_targets_in_chunks_with_the_same_result():
-    from gridtnp.predictions import predict
+    from gridtnp.inference import predict
 
     module = station_module()
     context = {"grid": hourly([1, 2], True), "stations": hourly([1, 2], False)}

@@ -15,8 +15,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from gridtnp.cli import GridTNPCLI, main
-from gridtnp.coastlines import coastline_segments, draw_coastlines
 from gridtnp.data.sections import from_flat_arguments
+from gridtnp.report.coastlines import coastline_segments, draw_coastlines
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "era5_swin.yaml")
@@ -73,8 +73,8 @@ def test_antarctica_has_its_coast_without_the_closures_through_the_pole() -> Non
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_maps_in_kelvin_with_coastlines_and_calibration_by_kind(checkpoint: Path) -> None:
     from gridtnp.cli.evaluate import load_checkpoint
-    from gridtnp.evaluation import run_split
-    from gridtnp.evaluation_plots import split_figures
+    from gridtnp.report.evaluation import run_split
+    from gridtnp.report.evaluation_plots import split_figures
 
     cli = load_checkpoint([RECIPE], checkpoint, ONE_DAY)
     evaluation = run_split(cli.model, cli.datamodule, "test", 1)

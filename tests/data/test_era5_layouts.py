@@ -12,7 +12,7 @@ import xarray as xr
 
 from gridtnp.data.era5.blocks import BlockLayout, draw_layouts
 from gridtnp.data.store import normalisation_stats, open_store
-from gridtnp.predictions import predict
+from gridtnp.inference import predict
 from gridtnp.registry import ConfigError
 from tests.data.test_era5 import (
     LAT,

@@ -25,7 +25,7 @@ import xarray as xr
 
 from gridtnp.batch import Observations
 from gridtnp.data.layout import wrap_longitude
-from gridtnp.prediction_cells import LONGITUDES, Bounds, cell_edges, is_gridded
+from gridtnp.inference.cells import LONGITUDES, Bounds, cell_edges, is_gridded
 
 #: ``predict`` warns when a gridded context leaves more than this share of the model's domain, or of the targets'
 #: surroundings, without a value.

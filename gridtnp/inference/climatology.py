@@ -15,8 +15,8 @@ import pandas as pd
 import xarray as xr
 
 from gridtnp.data.stations import snap_to_grid
-from gridtnp.prediction_cells import Bounds, cell_weights, is_gridded, refuse_curvilinear
-from gridtnp.prediction_inputs import points, template, utc_times
+from gridtnp.inference.cells import Bounds, cell_weights, is_gridded, refuse_curvilinear
+from gridtnp.inference.inputs import points, template, utc_times
 from gridtnp.registry import ConfigError
 
 
@@ -33,7 +33,7 @@ def departures_from_reference(
     climatology at the targets ``[B, N, Dy]``.
 
     A gridded source (``coords`` both dimensions of the array) takes the mean of the climatology over each cell
-    (``prediction_cells.cell_weights``: its CF ``bounds`` when given, else the spacing around it), as a coarse block
+    (``cells.cell_weights``: its CF ``bounds`` when given, else the spacing around it), as a coarse block
     averages its fine points; a point table takes each point's nearest grid point. The hour of day comes from a
     ``time`` coordinate (along ``batch_dim``, or a scalar).
     """

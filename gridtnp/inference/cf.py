@@ -2,7 +2,7 @@
 
 ``cf_predictions(ds, names, attribution)`` is the one place where predictions become what a user opens: both
 ``gridtnp predict`` (``PredictionWriter``, on what the DataModule's ``predictions_to_xarray`` gives) and the
-Python API ``gridtnp.predictions.predict`` pass their predictions through it.
+Python API ``gridtnp.inference.predict`` pass their predictions through it.
 
 * Station targets (a dimension along which ``latitude`` and ``longitude`` vary, no per-point ``time``) become CF's
   orthogonal multidimensional array representation: ``featureType: timeSeries``, values on ``(station, time)``,
@@ -120,7 +120,7 @@ def prediction_dataset(
     coords = {k: v for k, v in spanning.coords.items() if set(v.dims) <= set(spanning.dims)}
     if time is not None and (time.ndim == 0 or (batch_dim is not None and time.dims == (batch_dim,))):
         coords[batch_dim if time.ndim else "time"] = (time.dims, time.values)
-    ds = xr.Dataset(data, coords=coords, attrs={"source": "gridtnp.predictions.predict"})
+    ds = xr.Dataset(data, coords=coords, attrs={"source": "gridtnp.inference.predict"})
     return cf_predictions(ds, names, attribution)
 
 

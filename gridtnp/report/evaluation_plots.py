@@ -14,11 +14,11 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gridtnp.batch import Batch
-from gridtnp.calibration_plots import plot_calibration, plot_standardised_errors
-from gridtnp.evaluation import context_in_units, errors_by_kind, variable_label
-from gridtnp.map_axes import compact_longitudes, geographic_axes, map_figure
 from gridtnp.metrics import central_interval_halfwidth
-from gridtnp.plots import (
+from gridtnp.report.calibration_plots import plot_calibration, plot_standardised_errors
+from gridtnp.report.evaluation import context_in_units, errors_by_kind, variable_label
+from gridtnp.report.map_axes import compact_longitudes, geographic_axes, map_figure
+from gridtnp.report.plots import (
     MAX_MARKED_POINTS,
     MapData,
     draw_field,
@@ -148,7 +148,7 @@ def plot_station_series(physical: Any, stations: list[int] | None = None) -> Fig
 
 
 def split_figures(evaluation: Any, module: Any, datamodule: Any, geographic: bool | None = None) -> dict[str, Figure]:
-    """The figures of one evaluation (``gridtnp.evaluation.Evaluation``) by name: ``task<i>`` for each kept task
+    """The figures of one evaluation (``gridtnp.report.evaluation.Evaluation``) by name: ``task<i>`` for each kept task
     (1-D plot, or a map, in physical units where ``evaluation.physical`` has them), ``standardised_errors`` and
     ``reliability`` (``plot_calibration`` by kind of target) over the split, and for station tasks
     ``station_rmse`` and ``station_series``. ``geographic`` None asks the DataModule."""

@@ -1,7 +1,7 @@
 """Calibration figures of standardised errors ``z = (y - mean) / std``: histograms against N(0, 1), reliability
 diagrams (interval coverage against the nominal level) and PIT histograms, pooled and per group of targets
 (held-out, context); ``standardised_errors(batch, dist)`` gives ``z`` of a batch's valid targets. Figures are built
-without ``pyplot``, as in ``gridtnp.plots``.
+without ``pyplot``, as in ``gridtnp.report.plots``.
 """
 
 from __future__ import annotations

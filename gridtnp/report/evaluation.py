@@ -7,7 +7,7 @@
 * ``errors_by_kind(outputs)``: standardised errors ``{"all" | "held-out" | "context": {"calibrated" |
   "uncalibrated" | "model": z}}`` for the calibration figure.
 * ``context_in_units(module, name, x, y, time)``: a context source's values in physical units with the checkpoint's
-  statistics and climatology (``gridtnp.predictions``).
+  statistics and climatology (``gridtnp.inference.predictions``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Evaluation:
     def add(self, module: Any, batch: Batch, keep: int, dist: Any = None) -> None:
         """Add one batch's outputs (``dist``: its predictive, if already computed), keeping its first ``keep`` tasks
         whole (on the CPU) for maps."""
-        from gridtnp.plots import task_batch
+        from gridtnp.report.plots import task_batch
 
         out = batch_outputs(module, batch, dist)
         self.outputs.append(out)
@@ -136,12 +136,12 @@ def context_in_units(
 ) -> tuple[np.ndarray, dict[str, str]] | None:
     """Context source ``name``'s normalised values ``y [M]`` at ``x [M, 2]`` (lat, lon) in physical units, with its
     ``units``/``long_name``: ``y * std + reference``, the reference being the checkpoint's hourly climatology at
-    ``time`` (averaged over each cell of a gridded source, as ``gridtnp.predictions.predict`` takes it off) or the
+    ``time`` (averaged over each cell of a gridded source, as ``gridtnp.inference.predict`` takes it off) or the
     variable's mean. None where the checkpoint has no statistics for that source."""
     import xarray as xr
 
-    from gridtnp.plots import regular_grid
-    from gridtnp.predictions import checkpoint_statistics, departures_from_reference
+    from gridtnp.inference.predictions import checkpoint_statistics, departures_from_reference
+    from gridtnp.report.plots import regular_grid
 
     meta = getattr(module, "data_metadata", None) or {}
     sources, _, _ = checkpoint_statistics(module)

@@ -6,10 +6,10 @@ units with CF attributes, as NetCDF (``.nc``) or Zarr (``.zarr``). The DataModul
 coordinates (``predictions_to_xarray``); without that method the writer stores the raw tensors per task.
 
 In a notebook, ``predict(module, context, targets)`` does the same for xarray inputs, equal to the module's
-``predict_step`` on the same tasks: its inputs are checked and converted in ``prediction_inputs``, the cells of a
-gridded context are ``prediction_cells``, the checkpoint's climatology is taken off and added back in
-``prediction_climatology``, and a grid that leaves the model's domain uncovered is warned of in
-``prediction_coverage`` (by the writer too, on ``gridtnp predict``'s first batch).
+``predict_step`` on the same tasks: its inputs are checked and converted in ``inference.inputs``, the cells of a
+gridded context are ``inference.cells``, the checkpoint's climatology is taken off and added back in
+``inference.climatology``, and a grid that leaves the model's domain uncovered is warned of in
+``inference.coverage`` (by the writer too, on ``gridtnp predict``'s first batch).
 
 * ``PredictionWriter(path)``: the callback behind ``gridtnp predict``.
 * ``write_dataset(ds, path)``: NetCDF or Zarr by suffix, written beside ``path`` and then moved into place.
@@ -37,12 +37,11 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
 from gridtnp.files import check_output, remove_path, replace_path, replacing
-from gridtnp.models.neural_process import TARGET_CHUNK
-from gridtnp.prediction_cells import gridded_context
-from gridtnp.prediction_cf import CONVENTIONS, attribution_of, cf_predictions, context_flags, prediction_dataset
-from gridtnp.prediction_climatology import departures_from_reference
-from gridtnp.prediction_coverage import warn_uncovered, warn_uncovered_batch
-from gridtnp.prediction_inputs import (
+from gridtnp.inference.cells import gridded_context
+from gridtnp.inference.cf import CONVENTIONS, attribution_of, cf_predictions, context_flags, prediction_dataset
+from gridtnp.inference.climatology import departures_from_reference
+from gridtnp.inference.coverage import warn_uncovered, warn_uncovered_batch
+from gridtnp.inference.inputs import (
     RAW_UNITS,
     UNITLESS,
     Stats,
@@ -55,10 +54,11 @@ from gridtnp.prediction_inputs import (
     station_targets,
     template,
 )
+from gridtnp.models.neural_process import TARGET_CHUNK
 from gridtnp.redaction import redact_text
 from gridtnp.registry import ConfigError
 
-#: Names other modules read from here (``gridtnp.evaluation``, user code).
+#: Names other modules read from here (``gridtnp.report.evaluation``, user code).
 __all__ = [
     "RAW_UNITS",
     "UNITLESS",
@@ -168,7 +168,7 @@ class PredictionWriter(BasePredictionWriter):
             ds[appended].to_zarr(self._partial, append_dim="time", consolidated=False)
 
     def _cf(self, ds: xr.Dataset, trainer: Any, pl_module: Any) -> xr.Dataset:
-        """The DataModule's predictions as the CF dataset ``predict`` returns too (``prediction_cf``): named for the
+        """The DataModule's predictions as the CF dataset ``predict`` returns too (``inference.cf``): named for the
         predicted variables, with the store's attribution."""
         if self._attribution is None:
             self._attribution = store_attribution(trainer.datamodule)
@@ -207,7 +207,9 @@ def is_prediction_file(path: Path) -> bool:
     except Exception:  # not a dataset at all (or not readable): not ours to replace
         return False
     with ds:
-        return str(ds.attrs.get("source", "")).startswith(("gridtnp predictions", "gridtnp.predictions"))
+        return str(ds.attrs.get("source", "")).startswith(
+            ("gridtnp predictions", "gridtnp.predictions", "gridtnp.inference")
+        )
 
 
 def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
@@ -264,7 +266,7 @@ def predict(
     ``(latitude, longitude)`` or stations ``(station,)`` with latitude/longitude coordinates. ``targets`` is any
     DataArray/Dataset with those coordinates, or a table of station reports (``pandas.DataFrame`` with
     ``station_id``, ``latitude``, ``longitude``, e.g. ``gridtnp.data.observations.read_observations``'s: each
-    station once, its id kept); the result has its dims and coordinates, as CF (``prediction_cf``): station time
+    station once, its id kept); the result has its dims and coordinates, as CF (``inference.cf``): station time
     series or maps, with ``attrs`` (the input's global attributes) carried over. ``stats[source] = (mean,
     std)`` normalise the context values and ``target_stats`` un-normalises the predictions (the statistics the
     model was trained with, e.g. ``gridtnp.data.store.normalisation_stats``); without them, those the module's
@@ -278,7 +280,7 @@ def predict(
     read as a grid when they form a rectilinear grid; a curvilinear one is refused there. A module with a fitted
     variance calibration scales the std: by its ``std_scale_observed`` at targets that are context points of the
     target source (a context station), by ``std_scale`` elsewhere, as ``gridtnp test`` does. A gridded context that
-    leaves more than ``prediction_coverage.UNCOVERED_SHARE`` of the model's domain or of the targets' surroundings
+    leaves more than ``inference.coverage.UNCOVERED_SHARE`` of the model's domain or of the targets' surroundings
     without a value is warned of, in one line.
     Targets are decoded ``target_chunk`` points (over all tasks) at a time after one pass over the context, so
     memory stays bounded however many targets there are.
