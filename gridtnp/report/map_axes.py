@@ -4,7 +4,8 @@ and axes with coastlines (``gridtnp.report.coastlines``). Points are ``[N, 2]`` 
 * ``compact_longitudes(points)``: a box across the date line in one run of longitudes (140 to 200), not split.
 * ``map_aspect(points)``, ``map_figure(points, panels, ...)``: width over height; a figure of ``panels`` maps,
   two wide ones a row for a global map.
-* ``geographic_axes(ax, points)``: labels, aspect and coastlines over the points' extent.
+* ``geographic_axes(ax, points)``: degree-labelled axes (``10°W``, ``52°N``), aspect and coastlines over the points'
+  extent.
 """
 
 from __future__ import annotations
@@ -71,14 +72,32 @@ def map_aspect(points: list[np.ndarray]) -> float:
     return max(lon_hi - lon_lo, 0.5) * math.cos(math.radians(middle)) / max(lat_hi - lat_lo, 0.5)
 
 
+def degrees_east(lon: float) -> str:
+    """A longitude tick: ``10°W``, ``0°``, ``2°E`` (a longitude beyond 180, as on a map across the date line, named
+    by its wrapped value: ``190`` is ``170°W``)."""
+    lon = float(wrap_longitude(lon))
+    text = f"{abs(lon):g}°"
+    return text if abs(lon) < 1e-9 or abs(abs(lon) - 180.0) < 1e-9 else text + ("E" if lon > 0 else "W")
+
+
+def degrees_north(lat: float) -> str:
+    """A latitude tick: ``52°N``, ``0°``, ``33°S``."""
+    text = f"{abs(lat):g}°"
+    return text if abs(lat) < 1e-9 else text + ("N" if lat > 0 else "S")
+
+
 def geographic_axes(ax: Any, points: list[np.ndarray]) -> None:
     """Longitude / latitude labels, an aspect that keeps a degree of longitude its length at the map's middle
     latitude, and coastlines and borders (``gridtnp.report.coastlines``) over the extent of ``points`` (lists of
     ``[N, 2]`` (lat, lon))."""
+    from matplotlib.ticker import FuncFormatter
+
     from gridtnp.report.coastlines import draw_coastlines
 
     ax.set_xlabel("longitude")
     ax.set_ylabel("latitude")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: degrees_east(v)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: degrees_north(v)))
     extent = _extent(points)
     if extent is None:
         return
