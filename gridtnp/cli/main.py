@@ -1,11 +1,12 @@
 """``gridtnp``: the console entry point and its subcommands.
 
 ``fit | validate | test | predict`` (``gridtnp.cli.lightning``), ``list`` for the registry, ``data prepare``
-(``gridtnp.data.prepare``), ``plot`` and ``report`` (``gridtnp.cli.evaluate``).
+(``gridtnp.data.prepare``), ``plot`` and ``report`` (``gridtnp.cli.evaluate``), ``place`` (``gridtnp.cli.place``).
 
 gridtnp fit --config recipes/gp1d_tnp.yaml --trainer.max_steps 300
 gridtnp plot --config recipes/gp1d_tnp.yaml --ckpt_path runs/.../last.ckpt --out plots/
 gridtnp report --config recipes/era5_swin.yaml --ckpt_path runs/.../last.ckpt --out report.html
+gridtnp place --ckpt_path runs/.../last.ckpt --candidates grid --count 5 --out placement/
 gridtnp list processor
 gridtnp list processor swin
 gridtnp list model --params
@@ -79,6 +80,7 @@ SUBCOMMANDS = {
     "list": "the registry: gridtnp list [KIND [NAME]] [--params]",
     "plot": "PNG plots of a checkpoint's predictions: gridtnp plot --config R --ckpt_path C --out DIR",
     "report": "one HTML page of a checkpoint's evaluation: gridtnp report --config R --ckpt_path C --out F.html",
+    "place": "new station sites by predictive-variance drop: gridtnp place --ckpt_path C --count K --out DIR",
     "data": "gridtnp data prepare: NetCDF / GRIB -> a Zarr store for the ERA5 DataModules",
 }
 
@@ -143,6 +145,10 @@ def main(argv: list[str] | None = None) -> None:
             from gridtnp.cli.evaluate import report_main
 
             report_main(args[1:])
+        elif args and args[0] == "place":
+            from gridtnp.cli.place import place_main
+
+            place_main(args[1:])
         elif args and args[0] == "data":
             from gridtnp.data.prepare import data_main  # xarray and dask only load for this subcommand
 

@@ -154,6 +154,11 @@ def _greedy(
     for round_ in range(count):
         left = torch.nonzero(remaining).flatten()  # [R]
         pseudo, _ = predictive(module, context, candidates[left].expand(h, -1, -1), target_chunk)  # [H, R, Dy]
+        if pseudo.shape[-1] != context[source].y.shape[-1]:
+            raise ConfigError(
+                f"placement: the model predicts {pseudo.shape[-1]} outputs but context {source!r} holds "
+                f"{context[source].y.shape[-1]}; new stations join a source of the predicted variable (--source)."
+            )
         after = torch.empty(len(left), dtype=torch.float64, device=device)
         for start in range(0, len(left), per_forward):
             part = slice(start, start + per_forward)
