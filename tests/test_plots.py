@@ -78,7 +78,7 @@ def test_maps_for_gridded_and_scattered_targets(tmp_path: Path) -> None:
         mean, std = torch.randn_like(target.y), torch.rand_like(target.y) + 0.1
         fig = plot_map(batch, mean, std, index=1, geographic=True)
         titles = [ax.get_title() for ax in fig.axes]
-        assert "predictive std" in titles and "standardised error (target - mean) / std" in titles
+        assert "predictive std" in titles and "standardised error (mean - truth) / std" in titles
         assert "context 'stations' (10 points)" in titles
         save(fig, tmp_path / f"{name}.png")
     fig = plot_standardised_errors(torch.randn(1000))

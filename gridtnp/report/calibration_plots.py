@@ -1,7 +1,7 @@
-"""Calibration figures of standardised errors ``z = (y - mean) / std``: histograms against N(0, 1), reliability
-diagrams (interval coverage against the nominal level) and PIT histograms, pooled and per group of targets
-(held-out, context); ``standardised_errors(batch, dist)`` gives ``z`` of a batch's valid targets. Figures are built
-without ``pyplot``, as in ``gridtnp.report.plots``.
+"""Calibration figures of standardised errors ``z = (mean - y) / std`` (the sign of the error maps): histograms
+against N(0, 1), reliability diagrams (interval coverage against the nominal level) and PIT histograms, pooled and
+per group of targets (held-out, context); ``standardised_errors(batch, dist)`` gives ``z`` of a batch's valid
+targets. Figures are built without ``pyplot``, as in ``gridtnp.report.plots``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def plot_standardised_errors(z: Tensor | np.ndarray, bins: int = 60, title: str 
         ax.set_title(
             title or f"standardised errors: mean {values.mean():.2f}, std {values.std():.2f}, 90 % {inside:.2f}"
         )
-    ax.set_xlabel("(target - mean) / std")
+    ax.set_xlabel("z = (mean - truth) / std")
     ax.set_ylabel("density")
     ax.legend(fontsize=8)
     return fig
@@ -52,7 +52,7 @@ def interval_coverage(z: Tensor | np.ndarray, levels: tuple[float, ...] = RELIAB
 
 
 def _pit(values: np.ndarray) -> np.ndarray:
-    """``Phi(z)``, the probability integral transform of standardised errors."""
+    """``Phi(z)``: called with ``(truth - mean) / std``, the probability integral transform."""
     return 0.5 * (1.0 + torch.erf(torch.from_numpy(values) / math.sqrt(2.0)).numpy())
 
 
@@ -75,7 +75,7 @@ def plot_calibration(groups: dict[str, dict[str, Tensor | np.ndarray]], title: s
     grid = np.linspace(-4, 4, 400)
     for col, group in enumerate(names):
         reliability, pit, hist = axes[:, col]
-        reliability.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+        reliability.plot([0, 1], [0, 1], "k--", lw=1, label="ideal (coverage = nominal)")
         count = 0
         for k, (label, z) in enumerate(groups[group].items()):
             values = _finite(z)
@@ -84,7 +84,7 @@ def plot_calibration(groups: dict[str, dict[str, Tensor | np.ndarray]], title: s
             z2 = float(np.mean(values**2)) if len(values) else float("nan")
             text = f"{label}: 90 % -> {covered[RELIABILITY_LEVELS.index(0.9)]:.2f}, mean z^2 {z2:.2f}"
             reliability.plot(levels, covered, "o-", ms=4, color=f"C{k}", label=text)
-            pit.hist(_pit(values), bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, color=f"C{k}")
+            pit.hist(_pit(-values), bins=20, range=(0, 1), density=True, histtype="step", lw=1.5, color=f"C{k}")
             hist.hist(values, bins=60, range=(-4, 4), density=True, histtype="step", lw=1.5, color=f"C{k}")
         reliability.set_title(f"{group} targets ({count:,})", fontsize=10)
         reliability.set_xlabel("nominal coverage of the central interval")
@@ -92,13 +92,14 @@ def plot_calibration(groups: dict[str, dict[str, Tensor | np.ndarray]], title: s
         reliability.set_xlim(0, 1)
         reliability.set_ylim(0, 1)
         reliability.legend(fontsize=7, loc="upper left")
-        pit.axhline(1.0, color="k", ls="--", lw=1)
+        pit.axhline(1.0, color="k", ls="--", lw=1, label="ideal (flat)")
         pit.set_title(f"{group}: PIT histogram", fontsize=9)
-        pit.set_xlabel("PIT = Phi((target - mean) / std)")
+        pit.set_xlabel("PIT = Phi((truth - mean) / std) = Phi(-z)")
+        pit.legend(fontsize=7)
         pit.set_ylabel("density")
-        hist.plot(grid, np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi), "k", lw=1.0, label="N(0, 1)")
+        hist.plot(grid, np.exp(-0.5 * grid**2) / math.sqrt(2 * math.pi), "k--", lw=1.0, label="ideal: N(0, 1)")
         hist.set_title(f"{group}: standardised errors", fontsize=9)
-        hist.set_xlabel("z = (target - mean) / std")
+        hist.set_xlabel("z = (mean - truth) / std")
         hist.set_ylabel("density")
         hist.legend(fontsize=7)
     fig.suptitle(title or "calibration")
@@ -111,7 +112,7 @@ def plot_reliability(errors: dict[str, Tensor | np.ndarray], title: str = "") ->
 
 
 def standardised_errors(batch: Batch, dist: Distribution) -> Tensor:
-    """``(y - mean) / std`` of every valid target of the batch, flattened ``[P * Dy]``, on the CPU."""
+    """``(mean - y) / std`` of every valid target of the batch, flattened ``[P * Dy]``, on the CPU."""
     valid = batch.target.valid()
-    z = (batch.target.y.float() - dist.mean.float()) / dist.stddev.float()
+    z = (dist.mean.float() - batch.target.y.float()) / dist.stddev.float()
     return z[valid].flatten().detach().cpu()

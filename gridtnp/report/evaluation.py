@@ -4,8 +4,8 @@
   uncalibrated ``raw_std``, on the CPU.
 * ``Evaluation``: the outputs of every batch of the split, the first tasks kept whole for maps, and the outputs in
   physical units as the DataModule's ``predictions_to_xarray`` (``gridtnp predict``'s conversion) writes them.
-* ``errors_by_kind(outputs)``: standardised errors ``{"all" | "held-out" | "context": {"calibrated" |
-  "uncalibrated" | "model": z}}`` for the calibration figure.
+* ``errors_by_kind(outputs)``: standardised errors ``(mean - y) / std``, ``{"all" | "held-out" | "context":
+  {"after rescaling" | "model's own std" | "model": z}}`` for the calibration figure.
 * ``context_in_units(module, name, x, y, time)``: a context source's values in physical units with the checkpoint's
   statistics and climatology (``gridtnp.inference.predictions``).
 """
@@ -104,10 +104,11 @@ def run_split(module: Any, datamodule: Any, split: str, num_tasks: int) -> Evalu
 
 
 def errors_by_kind(outputs: list[dict[str, Tensor]], calibrated: bool) -> dict[str, dict[str, np.ndarray]]:
-    """Standardised errors ``(y - mean) / std`` of the valid targets: pooled (``all``) and, where the batches say
+    """Standardised errors ``(mean - y) / std`` of the valid targets: pooled (``all``) and, where the batches say
     which targets were context stations (``is_context``), for ``held-out`` and ``context`` targets apart; each
-    with the calibrated and the uncalibrated std (or the model's only, ``model``)."""
-    stds = {"calibrated": "std", "uncalibrated": "raw_std"} if calibrated else {"model": "std"}
+    with the std after the variance calibration's rescaling (``after rescaling``) and the model's own (or the
+    model's only, ``model``)."""
+    stds = {"after rescaling": "std", "model's own std": "raw_std"} if calibrated else {"model": "std"}
     groups: dict[str, dict[str, list[np.ndarray]]] = {}
     for out in outputs:
         valid = out["mask"].bool() & torch.isfinite(out["y"]).all(-1)  # [B, Nt]
@@ -116,7 +117,7 @@ def errors_by_kind(outputs: list[dict[str, Tensor]], calibrated: bool) -> dict[s
             context = out["is_context"].bool()
             kinds["held-out"], kinds["context"] = valid & ~context, valid & context
         for label, key in stds.items():
-            z = ((out["y"] - out["mean"]) / out[key]).float()  # [B, Nt, Dy]
+            z = ((out["mean"] - out["y"]) / out[key]).float()  # [B, Nt, Dy], the sign of the error maps
             for kind, keep in kinds.items():
                 groups.setdefault(kind, {}).setdefault(label, []).append(z[keep].flatten().numpy())
     return {k: {label: np.concatenate(parts) for label, parts in v.items()} for k, v in groups.items()}

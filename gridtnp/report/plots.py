@@ -97,7 +97,8 @@ class MapData:
     """What one task's map shows, in one unit: targets ``x [N, 2]`` with their ``observed``, predictive ``mean`` and
     ``std [N]``; ``label`` names the variable and its units (``"2 metre temperature [K]"``, or ``"(normalised
     units)"``), ``units`` the units alone (error panels); ``context`` sources ``(name, x [M, 2], values [M],
-    label)``; ``marked``: context locations crossed on every panel."""
+    label)``; ``marked``: context locations crossed on every panel; ``truth``: the first panel's title, what the
+    targets are (``"ERA5 at the stations"``)."""
 
     x: np.ndarray
     observed: np.ndarray
@@ -107,14 +108,17 @@ class MapData:
     units: str = "normalised"
     context: list[tuple[str, np.ndarray, np.ndarray, str]] = field(default_factory=list)
     marked: list[np.ndarray] = field(default_factory=list)
+    truth: str = "target values"
 
 
 def draw_map(data: MapData, geographic: bool = False, title: str = "") -> Figure:
-    """Targets, predictive mean (one colour scale for both and the context values), std, error (symmetric limits)
-    and standardised error at the target locations, and each context source; colour bars name the variable and
-    its units. Geographic maps (``x = (lat, lon)`` in degrees) get coastlines and borders."""
+    """Targets, predictive mean (one colour scale for both and the context values), std, error = mean - truth
+    (symmetric limits) and the standardised error (mean - truth) / std (the same sign) at the target locations,
+    and each context source; colour bars name the variable and its units. Geographic maps (``x = (lat, lon)`` in
+    degrees) get coastlines and borders."""
     y, m, s = data.observed, data.mean, data.std
-    err, z = m - y, (y - m) / s
+    err = m - y  # one sign on every panel: prediction - truth (red: too high)
+    z = err / s
     if geographic:  # targets, context and marks in one longitude convention, a map across the date line one piece
         shifted = compact_longitudes([data.x, *(xs for _, xs, _, _ in data.context), *data.marked])
         k = len(data.context)
@@ -132,11 +136,11 @@ def draw_map(data: MapData, geographic: bool = False, title: str = "") -> Figure
     shared = {"cmap": "viridis", "vmin": low, "vmax": high}
     units = data.units
     panels = [
-        ("target values", y, shared, data.label),
+        (data.truth, y, shared, data.label),
         ("predictive mean", m, shared, data.label),
         ("predictive std", s, {"cmap": "magma", "vmin": 0.0}, f"std [{units}]"),
-        ("error (mean - target)", err, {"cmap": "RdBu_r", "vmin": -e_max, "vmax": e_max}, f"error [{units}]"),
-        ("standardised error (target - mean) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}, "z (1)"),
+        ("error (mean - truth)", err, {"cmap": "RdBu_r", "vmin": -e_max, "vmax": e_max}, f"error [{units}]"),
+        ("standardised error (mean - truth) / std", z, {"cmap": "RdBu_r", "vmin": -3.0, "vmax": 3.0}, "z (1)"),
     ]
     extent = [data.x, *(xs for _, xs, _, _ in data.context)]
     fig, nrows, ncols = map_figure(extent, len(panels) + len(data.context), 3, 3.8, geographic)
