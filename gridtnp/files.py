@@ -36,8 +36,16 @@ def is_url(path: str | os.PathLike[str]) -> bool:
     return "://" in str(path)
 
 
-def out_of_space(err: BaseException | None) -> bool:
-    """Whether ``err`` or an error in its chain (``__cause__``, ``__context__``) is a full disk or quota."""
+def out_of_space(err: BaseException | None, where: str | os.PathLike[str] | None = None) -> bool:
+    """Whether ``err`` or an error in its chain (``__cause__``, ``__context__``) is a full disk or quota, or, given
+    the folder written to (``where``), whether under 1 MiB is left there (HDF5 reports a full disk as its own
+    error)."""
+    if where is not None:
+        try:
+            if shutil.disk_usage(where).free < 2**20:
+                return True
+        except OSError:
+            pass
     seen = 0
     while err is not None and seen < 20:  # libraries re-raise I/O errors as their own, the OSError underneath
         if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):

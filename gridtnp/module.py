@@ -312,6 +312,9 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         describe = optional(datamodule, "variable_metadata")
         if callable(describe):
             metadata = describe() or metadata
+        box = optional(datamodule, "target_box")
+        if box:  # predictions of a model without a grid warn beyond it (gridtnp.inference.coverage)
+            metadata = {**(metadata or {}), "box": box}
         if metadata:
             checkpoint[DATA_KEY] = metadata
 

@@ -52,6 +52,7 @@ class DataMetadata(TypedDict, total=False):
     sources: dict[str, list[str]]  # context source -> the variables in its value columns
     target: list[str]  # the target's variables, one per output dimension
     store: str  # where the data came from (a path or URL, for the record)
+    box: dict[str, Any]  # the training data's target_box: a grid-free model's predictions warn beyond it
 
 
 class GridDataModule(L.LightningDataModule):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,7 +84,7 @@ def uncovered_shares(
 
 
 def warn_uncovered(
-    model: torch.nn.Module,
+    model: torch.nn.Module | Any,
     context: Mapping[str, xr.DataArray],
     coords: Sequence[str],
     batch_dim: str | None,
@@ -92,7 +93,10 @@ def warn_uncovered(
     centre: float = 0.0,
 ) -> None:
     """Warn, one line per gridded source, when it leaves more than ``UNCOVERED_SHARE`` of the model's domain (its
-    grid's box; without a grid, the source's own extent) or of the targets' (``[N, Dx]``) surroundings uncovered."""
+    grid's box; without a grid, the source's own extent) or of the targets' (``[N, Dx]``) surroundings uncovered;
+    and ``warn_beyond_training_box`` (``model``: a ``NeuralProcessModule`` or its ``NeuralProcess``)."""
+    warn_beyond_training_box(model, targets)
+    model = getattr(model, "model", model)
     for name, array in context.items():
         if not is_gridded(array, coords) or any(array.sizes[c] < 2 for c in coords):
             continue
@@ -110,11 +114,13 @@ def warn_uncovered(
         _warn(name, where, *uncovered_shares(axes, finite, region, targets, edges))
 
 
-def warn_uncovered_batch(model: torch.nn.Module, context: Mapping[str, Observations], target: Observations) -> None:
+def warn_uncovered_batch(model: Any, context: Mapping[str, Observations], target: Observations) -> None:
     """``warn_uncovered`` for the first task of a batch: each source whose valid points ``x [N, Dx]`` fill at least
     ``LATTICE_FILLED`` of the lattice of their distinct coordinates is a grid (stations, or a multi-source task's
     random share of the points, fill a small share of theirs)."""
     targets = target.x[0][target.mask[0]].detach().double().cpu().numpy()
+    warn_beyond_training_box(model, targets)
+    model = getattr(model, "model", model)
     for name, obs in context.items():
         x = obs.x[0][obs.valid()[0]].detach().double().cpu().numpy()  # [N, Dx]
         if len(x) < 4:
@@ -153,3 +159,28 @@ def _warn(name: str, where: str, domain: float, around: float, stacklevel: int =
             "'The grid the model expects').",
             stacklevel=stacklevel,
         )
+
+
+def warn_beyond_training_box(module: Any, targets: np.ndarray) -> None:
+    """Warn when targets ``[N, Dx]`` lie beyond the box of the data a grid-free model was trained on (the checkpoint's
+    ``data_metadata["box"]``, ``GridDataModule.target_box``) by more than a tenth of its size (at least 0.5): nothing
+    else says so for a model without a grid (a gridded one warns by its grid, ``warn_outside_grid``)."""
+    box = (getattr(module, "data_metadata", None) or {}).get("box")
+    model = getattr(module, "model", module)
+    if not box or getattr(model, "grid", None) is not None or len(targets) == 0:
+        return
+    lower, upper = (np.asarray(v, dtype=np.float64) for v in box["grid"])
+    if targets.shape[-1] != len(lower):
+        return
+    with np.errstate(invalid="ignore"):
+        beyond = np.nanmax(np.maximum(lower - targets, targets - upper), axis=0)  # [Dx]
+    over = beyond - np.maximum(0.1 * (upper - lower), 0.5)
+    if not np.nanmax(over) > 0:
+        return
+    d, names = int(np.nanargmax(over)), list(box.get("axes") or [f"input {k}" for k in range(len(lower))])
+    span = ", ".join(f"{n} {a:g} to {b:g}" for n, a, b in zip(names, lower, upper, strict=True))
+    warnings.warn(
+        f"targets lie outside the box of the training data ({span}) by up to {beyond[d]:.4g} along {names[d]}: "
+        "this model has no grid and extrapolates there.",
+        stacklevel=3,
+    )

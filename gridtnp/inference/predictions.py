@@ -22,6 +22,8 @@ gridded context are ``inference.cells``, the checkpoint's climatology is taken o
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,7 +38,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
-from gridtnp.files import check_output, remove_path, replace_path, replacing
+from gridtnp.files import check_output, out_of_space, remove_path, replace_path, replacing
 from gridtnp.inference.cells import gridded_context
 from gridtnp.inference.cf import CONVENTIONS, attribution_of, cf_predictions, context_flags, prediction_dataset
 from gridtnp.inference.climatology import departures_from_reference
@@ -54,6 +56,7 @@ from gridtnp.inference.inputs import (
     station_targets,
     template,
 )
+from gridtnp.inference.stopping import StopSignals, stop_line
 from gridtnp.models.neural_process import TARGET_CHUNK
 from gridtnp.redaction import redact_text
 from gridtnp.registry import ConfigError
@@ -81,6 +84,8 @@ class PredictionWriter(BasePredictionWriter):
     stays bounded however many hours are predicted (a year of hourly predictions at 9,000 stations would otherwise
     hold about 2 GB of outputs, more once converted); NetCDF, and outputs a DataModule cannot convert
     (``raw_predictions``), are written once at the end. Either way the file appears at ``path`` only when complete.
+    SIGTERM or SIGHUP stops the run after the batch being written, the predictions so far written as a valid file
+    marked ``gridtnp_incomplete`` (``inference.stopping``); the process exits with status 128 + signal.
 
     Args:
         path: output file; default ``<log dir>/predictions.nc``. Under DDP each rank writes its own part,
@@ -102,6 +107,8 @@ class PredictionWriter(BasePredictionWriter):
         self._pending: list[Any] = []
         self._partial: Path | None = None  # the Zarr store being appended to, beside ``path``
         self._attribution: dict[str, Any] | None = None  # the store's licence, source, ... (read once)
+        self.signals = StopSignals()
+        self.incomplete: str | None = None  # why the file holds only part of the predictions
 
     def output_path(self, trainer: Any) -> Path:
         """Where this rank writes: ``path`` (or the default in the log directory), per rank under DDP."""
@@ -115,17 +122,36 @@ class PredictionWriter(BasePredictionWriter):
         option = "--predictions.overwrite true"
         check_output(self.output_path(trainer), "prediction file", option, self.overwrite, is_prediction_file)
         self._pending, self._partial, self.written, self._attribution = [], None, None, None
+        self.incomplete = None
+        self.signals.install()
+
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        self.signals.restore()
 
     def write_on_batch_end(
         self, trainer: Any, pl_module: Any, prediction: Any, batch_indices: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
         if batch_idx == 0 and dataloader_idx == 0 and isinstance(batch, Batch):  # the check predict makes
-            warn_uncovered_batch(getattr(pl_module, "model", pl_module), batch.context, batch.target)
+            warn_uncovered_batch(pl_module, batch.context, batch.target)
         self._pending.append(prediction)
         streamed = self.output_path(trainer).suffix == ".zarr" and self._convert(trainer) is not None
         if streamed and sum(len(o["mean"]) for o in self._pending) >= self.tasks_per_write:
             self._append(trainer, pl_module)
+        if self.signals.received is not None:
+            self._stop(trainer, pl_module, batch_idx, dataloader_idx)
+
+    def _stop(self, trainer: Any, pl_module: Any, batch_idx: int, dataloader_idx: int) -> None:
+        """Write what was predicted so far as a complete file, say how to go on, and exit (128 + signal)."""
+        signum = self.signals.received or signal.SIGTERM
+        self.signals.restore()
+        total = list(getattr(trainer, "num_predict_batches", None) or [])
+        of = f" of {total[dataloader_idx]}" if dataloader_idx < len(total) else ""
+        self.incomplete = f"stopped by {signal.Signals(signum).name} after batch {batch_idx + 1}{of}"
+        self.on_predict_epoch_end(trainer, pl_module)
+        if trainer.is_global_zero:
+            print(stop_line(self.incomplete, self.output_path(trainer)), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
 
     def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         """Write what is left and move the file into place."""
@@ -133,6 +159,8 @@ class PredictionWriter(BasePredictionWriter):
         if self._partial is not None:  # a Zarr store written as the batches came
             if self._pending:
                 self._append(trainer, pl_module)
+            if self.incomplete:
+                zarr.open_group(str(self._partial), mode="r+").attrs["gridtnp_incomplete"] = self.incomplete
             zarr.consolidate_metadata(str(self._partial))
             replace_path(self._partial, path)
             self._partial = None
@@ -147,6 +175,7 @@ class PredictionWriter(BasePredictionWriter):
         print(f"gridtnp: predictions written to {path}")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.signals.restore()
         if self._partial is not None:  # an interrupted prediction leaves no partial store behind
             remove_path(self._partial)
             self._partial = None
@@ -185,6 +214,8 @@ class PredictionWriter(BasePredictionWriter):
             if os.path.isfile(recipe):
                 ds.attrs[f"recipe_text_{i}" if i else "recipe_text"] = redact_text(Path(recipe).read_text())
         ds.attrs["model"] = type(getattr(pl_module, "model", pl_module)).__name__
+        if self.incomplete:
+            ds.attrs["gridtnp_incomplete"] = self.incomplete
         return ds
 
 
@@ -215,11 +246,18 @@ def is_prediction_file(path: Path) -> bool:
 def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
     """Write ``ds`` as NetCDF or Zarr (by suffix), replacing ``path`` only once the new file is complete."""
     path = Path(path)
-    with replacing(path) as tmp:
-        if path.suffix == ".zarr":
-            ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
-        else:
-            ds.to_netcdf(tmp)
+    try:
+        with replacing(path) as tmp:
+            if path.suffix == ".zarr":
+                ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
+            else:
+                ds.to_netcdf(tmp)
+    except Exception as err:
+        if out_of_space(err, path.parent):
+            raise ConfigError(
+                f"no space left on device writing {path}; free space or choose another --predictions.path."
+            ) from err
+        raise
     return path
 
 
@@ -323,8 +361,12 @@ def predict(
         raise ConfigError(f"predict: the context sources have different numbers of tasks along {batch_dim!r}: {sizes}.")
     b = sizes.pop()
     spanning = template(targets, coords)
+    if batch_dim is not None and batch_dim in spanning.dims:  # targets given per task (a field with its time axis)
+        if any(batch_dim in spanning[c].dims for c in coords):
+            raise ConfigError(f"predict: targets' {', '.join(coords)} vary along {batch_dim!r}; give one set of them.")
+        spanning = spanning.isel({batch_dim: 0}, drop=True)  # the same points for every task
     target_x = points(spanning, coords, "targets", centre)  # [N, Dx]
-    warn_uncovered(model, context, coords, batch_dim, bounds, target_x, centre)
+    warn_uncovered(module, context, coords, batch_dim, bounds, target_x, centre)
     xt = torch.from_numpy(target_x).expand(b, -1, -1)
     device = next(model.parameters()).device
     batch = Batch(obs, Observations(xt)).to(device)

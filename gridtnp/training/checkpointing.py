@@ -255,6 +255,7 @@ class Checkpoint(ModelCheckpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        self.stage = stage
         if stage == "fit":  # only training keeps a best checkpoint
             self.follow_metric(pl_module)
         if stage == "fit" and trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
@@ -311,6 +312,13 @@ class Checkpoint(ModelCheckpoint):
         if trainer.logger is not None and trainer.logger.version is not None:
             # A resumed run logs on into the same folder (the CLI reads this back), so its curves do not split.
             checkpoint[LOGGER_VERSION] = trainer.logger.version
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Only ``fit`` resumes the record of kept checkpoints: ``test``, ``validate`` and ``predict`` never read it,
+        and Lightning would warn there that the folder it was written in has changed (``--ckpt_path best`` is read
+        from the file by ``best_checkpoint``)."""
+        if getattr(self, "stage", "fit") == "fit":
+            super().load_state_dict(state_dict)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         states = checkpoint.get("gridtnp_rng")
