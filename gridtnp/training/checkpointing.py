@@ -313,6 +313,14 @@ class Checkpoint(ModelCheckpoint):
             # A resumed run logs on into the same folder (the CLI reads this back), so its curves do not split.
             checkpoint[LOGGER_VERSION] = trainer.logger.version
 
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        # Before the first validation there is no model to rank (last.ckpt is written anyway); Lightning would warn
+        # that the module does not log the metric, which it does, at validation.
+        ran = trainer.fit_loop.epoch_loop.val_loop._has_run
+        if self.monitor is not None and self.monitor not in monitor_candidates and not ran:
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Only ``fit`` resumes the record of kept checkpoints: ``test``, ``validate`` and ``predict`` never read it,
         and Lightning would warn there that the folder it was written in has changed (``--ckpt_path best`` is read
