@@ -187,7 +187,7 @@ def place_main(args: list[str]) -> None:
     scale, units = (stats[0][1], attrs[0]["units"]) if stats else (None, "")
     table = placement_table(placement, coords, names, scale, units)
     opts.out.mkdir(parents=True, exist_ok=True)
-    atomic_write(opts.out / "placement.csv", lambda f: f.write(table.to_csv(index=False, float_format="%.6g").encode()))
+    atomic_write(opts.out / "placement.csv", lambda f: f.write(table.to_csv(index=False).encode()))
     source = opts.source or getattr(module, "target_source", None) or next(iter(context))
     existing = context[source].x[0][context[source].mask[0]].cpu().numpy() if source in context else np.zeros((0, 2))
     figure = placement_figure(placement, candidates, region, existing, geographic, scale or 1.0, units or "normalised")
