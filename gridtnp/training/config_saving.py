@@ -11,6 +11,8 @@ from gridtnp.files import atomic_write, is_url
 from gridtnp.redaction import redact
 
 CONFIG_NAME = "config.yaml"
+#: The first line of the config.yaml beside the checkpoints: the recipe files it was resolved from, as given.
+RECIPE_COMMENT = "# recipe: "
 
 
 class SaveConfig(SaveConfigCallback):
@@ -41,6 +43,9 @@ class SaveConfig(SaveConfigCallback):
         if stage != "fit":
             return
         text = self.parser.dump(self.config, skip_none=False).encode()
+        recipes = [Path(str(c)).name for c in (self.config.get("config") or []) if c is not None]
+        if recipes:  # the recipe's name, for the pages and lines that name a run by it (gridtnp report)
+            text = f"{RECIPE_COMMENT}{', '.join(recipes)}\n".encode() + text
         for callback in trainer.checkpoint_callbacks:
             dirpath = getattr(callback, "dirpath", None)
             if dirpath and not is_url(dirpath):
