@@ -5,7 +5,10 @@ calibrated and uncalibrated, the baselines beside), the figures of ``gridtnp plo
 network and no other file needed to view it), and where it came from: the recipe (with its text), the checkpoint
 and its training step.
 
-* ``write_report(cli, ckpt_path, configs, out, split, num_tasks, geographic)``: evaluate and write the page.
+* ``write_report(cli, ckpt_path, configs, out, split, num_tasks, geographic, others)``: evaluate and write the
+  page; with ``others`` (``--compare``) the scorecard, breakdowns and observation impact
+  (``gridtnp.report.compare``).
+* ``evaluate(cli, split, num_tasks)``: one checkpoint's ``Evaluation`` and metrics; ``scored(name, evaluation)``.
 * ``render_report(...)``: the page as a string; ``metric_table(metrics)``: its table as HTML.
 * ``is_report(path)``: whether ``path`` is a page this command wrote (``--overwrite`` replaces nothing else).
 """
@@ -39,12 +42,14 @@ CAPTIONS = {
     "reliability": "Calibration by kind of target: reliability diagram (observed against nominal coverage of the "
     "central intervals), PIT histogram and standardised errors, pooled and for held-out and context targets apart.",
     "station_rmse": "Per-station RMSE over the split's hours, the model's and the coarse-cell baseline's.",
-    "station_series": "Observed values and the predictive mean with its 90 % interval at three stations.",
+    "station_series": "The truth (ERA5 at the station), the predictive mean and its 90 % interval at three "
+    "stations held out in most hours.",
     "standardised_errors": "Standardised errors of every target against N(0, 1).",
 }
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em auto; max-width: 1400px; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
+h1 { font-size: 1.5em; } h3 { font-size: 1em; }
+h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #bbb; padding: 0.25em 0.6em; text-align: right; }
 th:first-child, td:first-child { text-align: left; font-family: monospace; }
@@ -105,8 +110,10 @@ def render_report(
     provenance: dict[str, str],
     recipes: dict[str, str],
     split: str,
+    sections: str = "",
 ) -> str:
-    """The page: title, provenance, metric table, figures (maps ``task*`` first), recipe texts."""
+    """The page: title, provenance, metric table, ``sections`` (HTML: the scorecard of ``--compare``), figures
+    (maps ``task*`` first), recipe texts."""
     esc = html.escape
     facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in provenance.items())
     order = [n for n in figures if n.startswith("task")] + [n for n in CAPTIONS if n in figures]
@@ -122,9 +129,13 @@ def render_report(
         f"<details><summary>{esc(path)}</summary><pre>{esc(text)}</pre></details>" for path, text in recipes.items()
     )
     notes = (
-        "<p>held-out: targets that were not in the context; context: targets that were also context points; "
-        "uncalibrated: before the variance calibration (the model's own std). baseline_*: the coarse cell's value at "
-        "each target. *_physical metrics are in the target variable's units.</p>"
+        "<p>Metrics as <code>gridtnp test</code> logs them, in normalised units (the target variable divided by its "
+        "training std) unless named <code>*_physical</code> (the target variable's units). The truth is ERA5 at the "
+        "station locations. held-out: targets that were not in the context; context: targets that were also "
+        "context points; uncalibrated: before the variance calibration (the model's own std). baseline_*: the "
+        "coarse cell's value at each target. calibration_scale multiplies the predictive std of held-out targets, "
+        "calibration_scale_observed that of targets on a context station (there the model nearly returns the value "
+        "it was given, so their std gets a scale of its own).</p>"
     )
     table = metric_table(metrics) if metrics else "<p>No metrics were logged.</p>"
     return (
@@ -132,7 +143,7 @@ def render_report(
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>"
         f"<h1>{esc(title)}</h1><dl>{facts}</dl>"
         f'<h2>Metrics ({esc(split)} split)</h2><div id="metrics">{table}</div>{notes}'
-        f"<h2>Figures</h2>{''.join(blocks)}<h2>Recipe</h2>{recipe_text}</body></html>\n"
+        f"{sections}<h2>Figures</h2>{''.join(blocks)}<h2>Recipe</h2>{recipe_text}</body></html>\n"
     )
 
 
@@ -180,16 +191,12 @@ class _Collect(L.Callback):
         self._end()
 
 
-def write_report(
-    cli: Any, ckpt_path: Path, configs: list[str], out: Path, split: str, num_tasks: int, geographic: bool | None
-) -> Path:
-    """Evaluate ``cli.model`` (weights loaded) on ``cli.datamodule``'s ``split`` with ``cli.trainer`` (the metrics of
-    ``gridtnp test``), draw ``gridtnp plot``'s figures and write the page to ``out``."""
+def evaluate(cli: Any, split: str, num_tasks: int) -> tuple[Any, dict[str, float]]:
+    """``cli.model`` (weights loaded) on ``cli.datamodule``'s ``split`` with ``cli.trainer``: the ``Evaluation``
+    (physical units converted) and the metrics of ``gridtnp test`` without the split prefix."""
     import torch
 
     from gridtnp.report.evaluation import Evaluation
-    from gridtnp.report.evaluation_plots import split_figures
-    from gridtnp.training.checkpointing import checkpoint_step
 
     module, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
     evaluation = Evaluation(split, calibrated=bool(getattr(module, "variance_calibration", False)))
@@ -208,19 +215,70 @@ def write_report(
         if name.startswith(f"{split}/")
     }
     evaluation.convert(datamodule)
+    return evaluation, metrics
+
+
+def scored(name: str, evaluation: Any) -> Any:
+    """An ``Evaluation`` of station tasks as a ``gridtnp.report.scorecard.Scored`` named ``name``; ``ConfigError``
+    where it has no station Dataset in physical units (a scorecard compares station predictions)."""
+    from gridtnp.registry import ConfigError
+    from gridtnp.report.scorecard import Scored
+
+    physical = evaluation.physical
+    if physical is None or "station" not in physical.dims or "observed" not in physical:
+        raise ConfigError(
+            f"--compare: {name!r} gives no station predictions in physical units; the scorecard compares models of "
+            "station tasks (e.g. recipes/era5_swin.yaml, era5_mos, era5_mos_kriging)."
+        )
+    scale = evaluation.outputs[0].get("target_scale")
+    return Scored(name, physical, float(scale[0]) if scale is not None else 1.0)
+
+
+def write_report(
+    cli: Any,
+    ckpt_path: Path,
+    configs: list[str],
+    out: Path,
+    split: str,
+    num_tasks: int,
+    geographic: bool | None,
+    others: list[tuple[Any, Path, list[str]]] | None = None,
+    impact_hours: int = 4,
+) -> Path:
+    """Evaluate ``cli.model`` (weights loaded) on ``cli.datamodule``'s ``split`` with ``cli.trainer`` (the metrics of
+    ``gridtnp test``), draw ``gridtnp plot``'s figures and write the page to ``out``; with ``others`` (loaded CLIs,
+    their checkpoints and recipes), a scorecard of all on the same tasks, breakdowns and the observation-impact map
+    of ``cli.model`` over ``impact_hours`` hours."""
+    from gridtnp.report.compare import comparison_sections, recipe_name
+    from gridtnp.report.evaluation_plots import split_figures
+    from gridtnp.training.checkpointing import checkpoint_step
+
+    module, datamodule = cli.model, cli.datamodule
+    evaluation, metrics = evaluate(cli, split, num_tasks)
     figures = split_figures(evaluation, module, datamodule, geographic)
+    name = recipe_name(configs, ckpt_path)
+    sections = ""
+    if others:
+        entries = [scored(name, evaluation)]
+        for other, other_ckpt, other_configs in others:
+            entries.append(scored(recipe_name(other_configs, other_ckpt), evaluate(other, split, 0)[0]))
+        sections = comparison_sections(entries, module, datamodule, split, impact_hours)
     model = type(getattr(module, "model", module)).__name__
     recipes = {str(c): redact_text(Path(c).read_text()) for c in configs if Path(c).is_file()}
     provenance = {
-        "recipe": ", ".join(str(c) for c in configs),
+        "recipe": f"{name} ({', '.join(str(c) for c in configs)})",
         "checkpoint": str(ckpt_path),
         "training step": str(checkpoint_step(ckpt_path)),
         "model": f"{model} ({sum(p.numel() for p in module.parameters() if p.requires_grad):,} trainable parameters)",
         "data": f"{type(datamodule).__name__}, {split} split: {evaluation.num_tasks} tasks",
     }
+    for _, other_ckpt, other_configs in others or []:
+        provenance[f"compared: {recipe_name(other_configs, other_ckpt)}"] = (
+            f"{other_ckpt} (step {checkpoint_step(other_ckpt)}, {', '.join(str(c) for c in other_configs)})"
+        )
     if evaluation.physical is None:
         provenance["units"] = "normalised (this DataModule gives no conversion to physical units)"
-    title = f"gridtnp evaluation: {model}, {split} split, {Path(ckpt_path).name}"
-    page = render_report(title, metrics, figures, provenance, recipes, split)
+    title = f"gridtnp evaluation: {name} ({model}), {split} split, {Path(ckpt_path).name}"
+    page = render_report(title, metrics, figures, provenance, recipes, split, sections)
     atomic_write(out, lambda f: f.write(page.encode("utf-8")))
     return out

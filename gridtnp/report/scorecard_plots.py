@@ -90,8 +90,6 @@ def plot_impact(points: np.ndarray, impact: Impact, scale: float, units: str) ->
         fig.colorbar(artist, ax=ax, shrink=0.85, label=label)
         geographic_axes(ax, [x])
         ax.set_title(f"{title} ({int(ok.sum())} stations)", fontsize=9)
-    fig.suptitle(
-        f"observation impact: each station added to the context, over {len(impact.times)} hours "
-        "(positive: the other stations' predictions improve)"
-    )
+    hours = f"{len(impact.times)} hour{'s' * (len(impact.times) != 1)}"
+    fig.suptitle(f"observation impact over {hours} (positive: the other stations improve)")
     return fig

@@ -45,6 +45,29 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mp.undo()
 
 
+@pytest.fixture(scope="module")
+def kriging_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-step ``era5_mos_kriging`` fit in ``<runs>/era5_mos_kriging/checkpoints`` (where ``--compare
+    era5_mos_kriging --runs <runs>`` finds it), calibrated on the same validation hours as ``checkpoint``."""
+    root = tmp_path_factory.mktemp("era5_kriging")
+    run = root / "runs" / "era5_mos_kriging"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GRIDTNP_CACHE", str(root / "cache"))
+    mp.setattr(sys, "argv", sys.argv[:1])
+    GridTNPCLI(
+        args=[
+            "fit", "--config", str(ROOT / "recipes" / "era5_mos_kriging.yaml"), "--trainer.max_steps", "2",
+            "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
+            "--trainer.default_root_dir", str(run), "--checkpoint.dirpath", str(run / "checkpoints"),
+            "--trainer.enable_progress_bar", "false", "--plots.every_n_validations", "0", "--trainer.logger", "false",
+            "--trainer.num_sanity_val_steps", "0", "--data.init_args.splits.val", '["2019-03-22", "2019-03-22"]',
+            "--data.init_args.task.eval_stride", "6",
+        ]
+    )  # fmt: skip
+    yield root / "runs"
+    mp.undo()
+
+
 def test_coastlines_follow_the_plot_longitudes_across_the_date_line() -> None:
     uk = coastline_segments((-10.0, 2.0), (50.0, 58.0))
     assert len(uk) > 10 and all(s.shape[1] == 2 for s in uk)
@@ -135,8 +158,52 @@ def test_gridtnp_plot_and_report_on_a_station_checkpoint(
     screenshot_shows_the_page(page, tmp_path)
 
 
-def screenshot_shows_the_page(page: Path, tmp_path: Path) -> None:
-    """Headless Chromium: the page's title in the DOM, and a screenshot with the table and figures drawn."""
+def test_report_compare_is_a_scorecard_with_breakdowns_and_observation_impact(
+    checkpoint: Path, kriging_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    page = tmp_path / "scorecard.html"
+    main(
+        [
+            "report",
+            "--ckpt_path",
+            str(checkpoint),
+            "--out",
+            str(page),
+            "--num_tasks",
+            "1",
+            "--compare",
+            "era5_mos_kriging",
+            "--runs",
+            str(kriging_runs),
+            "--impact_hours",
+            "1",
+            *ONE_DAY,
+        ]
+    )  # fmt: skip  (no --config: the config.yaml beside the checkpoint)
+    assert "written to" in capsys.readouterr().out
+    text = page.read_text()
+    assert "<title>gridtnp evaluation: era5_swin (" in text  # the recipe named in config.yaml's first line
+    for part in ("scorecard-physical", "scorecard-normalised", "breakdown-hour", "breakdown-distance", "impact_map"):
+        assert f'id="{part}"' in text, part
+    assert 'id="breakdown-coast"' in text or "basemap" not in text  # coast / inland where the coastline data is
+    assert "RMSE skill vs coarse cell" in text and "log-likelihood gain vs coarse cell" in text
+    assert "ERA5 at station locations" in text and "calibration_scale_observed" in text
+    physical = text.split('id="scorecard-physical"')[1].split("</table>")[0]
+    assert physical.count("<tr>") + physical.count("<tr ") == 4  # head, era5_swin, era5_mos_kriging, coarse cell
+    assert "era5_mos_kriging" in physical and "coarse cell" in physical
+    assert "Computed over 1 hour spread" in text  # the impact's hours are stated
+    assert text.count("data:image/png;base64,") == 5 + 3  # one map, 4 figures; winners, breakdowns, impact
+    with pytest.raises(SystemExit):
+        main(["report", "--ckpt_path", str(checkpoint), "--out", str(tmp_path / "x.html"), "--compare", "era5_mos",
+              "--runs", str(kriging_runs)])  # fmt: skip
+    assert "no fitted checkpoint at" in capsys.readouterr().err  # and the command that fits it
+    screenshot_shows_the_page(page, tmp_path, figures_on_screen=False)
+
+
+def screenshot_shows_the_page(page: Path, tmp_path: Path, figures_on_screen: bool = True) -> None:
+    """Headless Chromium: the page's title in the DOM, every figure decoded, no console message, and a screenshot
+    with the table (and, with ``figures_on_screen``, coloured figures below it in the first 2,000 pixels; a
+    scorecard's tables fill those)."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install chromium): the page is not rendered")
@@ -159,6 +226,7 @@ def screenshot_shows_the_page(page: Path, tmp_path: Path) -> None:
     if dom.returncode != 0 or not shot.is_file():
         pytest.skip(f"chromium could not start here: {dom.stderr.strip().splitlines()[-1:]}")
     assert "<title>gridtnp evaluation: " in dom.stdout
+    every_figure_loads_without_console_errors(page, flags, tmp_path)
     from matplotlib.image import imread
 
     image = imread(shot)[..., :3]  # [H, W, 3] in 0..1
@@ -167,7 +235,7 @@ def screenshot_shows_the_page(page: Path, tmp_path: Path) -> None:
     colour = image.max(-1) - image.min(-1) > 0.3  # saturated pixels: the figures' colour maps
     top, bottom = slice(0, 500), slice(500, 2000)
     assert ink[top].mean() > 0.005, "no table or title drawn at the top of the page"
-    assert colour[bottom].mean() > 0.01, "no figure drawn below the table"
+    assert not figures_on_screen or colour[bottom].mean() > 0.01, "no figure drawn below the table"
 
 
 def test_held_out_targets_are_placed_on_their_stations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,3 +258,29 @@ def test_held_out_targets_are_placed_on_their_stations(tmp_path: Path, monkeypat
     np.testing.assert_allclose(observed[np.isfinite(observed)], mean[np.isfinite(mean)], atol=1e-3)
     assert 250 < np.nanmean(observed) < 300 and not ds["is_context"].values.any()
     assert np.isfinite(ds["baseline_sq_error"].values).sum() == int(target.mask.sum())
+
+
+#: Added to a copy of the page: after it loads, the number of images and of those that failed to decode.
+IMAGE_CHECK = (
+    "<script>window.addEventListener('load', () => { const images = [...document.images]; "
+    "const bad = images.filter((i) => !i.complete || i.naturalWidth === 0).length; "
+    "document.body.setAttribute('data-images', images.length + ':' + bad); });</script>"
+)
+
+
+def every_figure_loads_without_console_errors(page: Path, flags: list[str], tmp_path: Path) -> None:
+    """Every ``<img>`` of the page decodes in Chromium, and the page logs nothing to the console."""
+    copy = tmp_path / "image_check.html"
+    copy.write_text(page.read_text().replace("</body>", IMAGE_CHECK + "</body>"))
+    run = subprocess.run(
+        [*flags, "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom", copy.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    found = re.search(r'data-images="(\d+):(\d+)"', run.stdout)
+    assert found, "the image check did not run in Chromium"
+    images, broken = int(found.group(1)), int(found.group(2))
+    assert images == page.read_text().count("<img ") and broken == 0, f"{broken} of {images} figures did not load"
+    console = [line for line in run.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console
