@@ -179,23 +179,31 @@ def place_main(args: list[str]) -> None:
     if opts.count > len(candidates):
         raise ConfigError(f"--count {opts.count}: more than the {len(candidates)} candidates.")
     dtype = context[next(iter(context))].x.dtype
-    placement = greedy_placement(
-        module, context, torch.tensor(region, dtype=dtype), torch.tensor(candidates, dtype=dtype), opts.count,
-        opts.source, opts.max_tasks,
-    )  # fmt: skip
     _, stats, attrs = checkpoint_statistics(module)
     scale, units = (stats[0][1], attrs[0]["units"]) if stats else (None, "")
+
+    def progress(round_: int, site: int, gain: float) -> None:
+        where = ", ".join(f"{v:.4g}" for v in candidates[site])
+        value = f"{gain * scale**2:.4g} ({units})^2" if scale else f"{gain:.4g} (normalised)"
+        print(f"gridtnp place: round {round_}/{opts.count}: {names[site]} ({where}), gain {value}", flush=True)
+
+    hours = next(iter(context.values())).x.shape[0]
+    print(f"gridtnp place: {len(candidates)} candidates, {len(region)} region points, {hours} hours", flush=True)
+    placement = greedy_placement(
+        module, context, torch.tensor(region, dtype=dtype), torch.tensor(candidates, dtype=dtype), opts.count,
+        opts.source, opts.max_tasks, progress=progress,
+    )  # fmt: skip
     table = placement_table(placement, coords, names, scale, units)
     opts.out.mkdir(parents=True, exist_ok=True)
     atomic_write(opts.out / "placement.csv", lambda f: f.write(table.to_csv(index=False).encode()))
     source = opts.source or getattr(module, "target_source", None) or next(iter(context))
     existing = context[source].x[0][context[source].mask[0]].cpu().numpy() if source in context else np.zeros((0, 2))
     figure = placement_figure(placement, candidates, region, existing, geographic, scale or 1.0, units or "normalised")
-    figure.suptitle(f"{opts.count} new sites, {len(candidates)} candidates, {len(context[source].x)} hours")
+    figure.suptitle(f"{opts.count} new sites, {len(candidates)} candidates, {hours} hours")
     figure.savefig(opts.out / "placement.png", dpi=110)
     gains = ", ".join(f"{g:.4g}" for g in (placement.gains * scale**2 if scale else placement.gains))
     print(
-        f"gridtnp place: {opts.count} sites of {len(candidates)} candidates over {len(context[source].x)} hours; "
+        f"gridtnp place: {opts.count} sites of {len(candidates)} candidates over {hours} hours; "
         f"gains {gains} {f'({units})^2' if scale else '(normalised)'}; written to {opts.out / 'placement.csv'} and "
         "placement.png"
     )

@@ -17,7 +17,7 @@ squared error. Candidates are evaluated as tasks stacked along the batch dimensi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,12 +110,14 @@ def greedy_placement(
     source: str | None = None,
     max_tasks: int = 64,
     target_chunk: int = TARGET_CHUNK,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> Placement:
     """``count`` sites from ``candidates [C, Dx]`` chosen greedily by the drop of the mean predictive variance at
     the points ``region [M, Dx]``, averaged over the ``H`` tasks (hours) of ``context`` (``[H, N, ...]`` per
     source); each candidate joins context ``source`` (default: the model's target source, or the only one) with
     the model's predictive mean there as its value. ``module`` is a ``NeuralProcessModule``, a ``NeuralProcess``
-    or any ``model(context, xt) -> Distribution``; ``max_tasks`` (candidates x hours) are evaluated a forward."""
+    or any ``model(context, xt) -> Distribution``; ``max_tasks`` (candidates x hours) are evaluated a forward;
+    ``progress(round, candidate, gain)`` is called after each round."""
     if count < 1 or count > len(candidates):
         raise ConfigError(f"placement: count {count}: expected 1 to the number of candidates ({len(candidates)}).")
     source = _source(module, context, source)
@@ -124,7 +126,7 @@ def greedy_placement(
     if isinstance(model, torch.nn.Module):
         model.eval()
     try:
-        return _greedy(module, dict(context), region, candidates, count, source, max_tasks, target_chunk)
+        return _greedy(module, dict(context), region, candidates, count, source, max_tasks, target_chunk, progress)
     finally:
         if isinstance(model, torch.nn.Module):
             model.train(was_training)
@@ -139,6 +141,7 @@ def _greedy(
     source: str,
     max_tasks: int,
     target_chunk: int,
+    progress: Callable[[int, int, float], None] | None,
 ) -> Placement:
     """``greedy_placement`` once its arguments are checked (model in eval mode, no gradients)."""
     h = context[source].x.shape[0]
@@ -176,6 +179,8 @@ def _greedy(
         chosen.append(site)
         gains.append(float(gain[best]))
         variance.append(float(after[best]))
+        if progress is not None:
+            progress(round_ + 1, site, gains[-1])
     _, var = predictive(module, context, region_h, target_chunk)
     index = np.array(chosen)
     return Placement(
