@@ -30,12 +30,12 @@ demo: install
 	$(BIN)/gridtnp test --config $(DEMO_RECIPE) --trainer.default_root_dir $(DEMO_DIR) \
 		--checkpoint.dirpath $(DEMO_DIR)/checkpoints --ckpt_path best
 
-## The test suite (about 18 minutes on 2 idle CPU cores): the fast tests, then the scale-out tests, which launch
-## `gridtnp fit` in subprocesses (DDP with 2 CPU processes, killed / signalled and resumed runs, a SLURM requeue).
+## The test suite, one pytest worker per core (each test file on one worker): unit and contract tests, the CLI
+## verbs, and the scale-out cases that launch `gridtnp fit` in subprocesses (DDP with 2 CPU processes, killed /
+## signalled and resumed runs, a SLURM requeue). Its time on 2 idle cores: README.
 test: install browser
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
-	$(BIN)/python -m pytest -q -m slow tests/training/test_scaleout.py
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 ## Heavy checks excluded from the timed suite, with a real one-node Slurm (tests/training/test_slurm.py) where it can run.
 test-slow: install slurm

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import os
 import sys
 
 import pytest
@@ -10,6 +12,10 @@ import torch
 
 from gridtnp.batch import Observations
 from gridtnp.nn.grids import Grid
+
+# Under pytest-xdist (`make test`: a worker per core) each worker computes on its share of the cores, not on all.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture(autouse=True)
@@ -50,18 +56,19 @@ def grid_coords(grid: Grid) -> list[list[float]]:
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """How many bad inputs the table tests hold (``tests/cli/test_cli_errors.py``,
-    ``tests/cli/test_bad_input_answers.py``), when they ran."""
-    module = sys.modules.get("tests.cli.test_cli_errors")
+    ``tests/cli/test_bad_input_answers.py``), when they ran (under pytest-xdist they ran in the workers: the
+    tables are read here from their modules)."""
+    ran = {report.nodeid.split("::")[0] for reports in terminalreporter.stats.values() for report in reports
+           if hasattr(report, "nodeid")}  # fmt: skip
+    module = importlib.import_module("tests.cli.test_cli_errors") if "tests/cli/test_cli_errors.py" in ran else None
     if module is not None:
         cases = len(module.CASES) + len(module.API_CASES)
         terminalreporter.write_line(
             f"bad-input table: {cases} cases ({len(module.CASES)} through the CLI, {len(module.API_CASES)} through "
             "the predict API)"
         )
-    answers = sys.modules.get("tests.cli.test_bad_input_answers")
-    if answers is not None:
-        rows = {name: len(getattr(answers, name)) for name in ("ERRORS", "ANSWERS", "READERS")}
-        terminalreporter.write_line(
-            f"bad-input answers: {sum(rows.values())} cases ({rows['ERRORS']} one-line errors, {rows['ANSWERS']} "
-            f"answers, {rows['READERS']} table readers)"
-        )
+    if "tests/cli/test_bad_input_answers.py" in ran:
+        answers = importlib.import_module("tests.cli.test_bad_input_answers")
+        rows = {name: len(getattr(answers, name)) for name in getattr(answers, "TABLES", ("ERRORS", "ANSWERS"))}
+        each = ", ".join(f"{n} {name}" for name, n in rows.items())
+        terminalreporter.write_line(f"bad-input answers: {sum(rows.values())} cases ({each})")

@@ -1,7 +1,9 @@
 """Scale-out in subprocesses: DDP on CPU (gloo), a SIGKILLed run resumed, SLURM requeue on SIGUSR1.
 
-Each test launches ``gridtnp fit`` (a few CLI start-ups, about a minute in all on 2 busy cores), so they are marked
-``slow``; ``make test`` runs them in a second pytest invocation.
+Each test launches ``gridtnp fit`` (a few CLI start-ups, 20-60 s each on 2 cores). The default suite runs one case
+of each path (a SIGKILL resumed, DDP sharding, SLURM requeue on one rank and on two, SIGTERM under DDP in a step and
+in a validation); the variants (SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank signalled) are
+``slow`` (``make test-slow``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from gridtnp.nn.likelihoods import log_likelihood
 from tests.recording import fingerprint, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+SLOW = pytest.mark.slow
 
 
 def fit_command(
@@ -246,7 +248,7 @@ def signal_and_resume(tmp_path: Path, signum: int, *extra: str) -> tuple[subproc
     return resumed, records, run_dir
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=SLOW)])
 def test_sigterm_and_sigint_save_the_step_reached_and_exit_non_zero(tmp_path, signum):
     """The step in progress finishes, last.ckpt holds it, the exit status is 128 + signal (not 0), and the relaunch
     trains on the same tasks with the same losses as an uninterrupted run (one thread: to 1e-6)."""
@@ -284,6 +286,7 @@ def test_sigterm_under_ddp_saves_one_step_on_every_rank(tmp_path):
             assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, (rank, step, got[step], expected[step])
 
 
+@SLOW
 def test_sigusr1_outside_slurm_saves_and_training_goes_on(tmp_path):
     env = cli_env()
     run_dir, records = tmp_path / "run", tmp_path / "rec"
@@ -299,6 +302,7 @@ def test_sigusr1_outside_slurm_saves_and_training_goes_on(tmp_path):
     assert steps == list(range(1, 13))
 
 
+@SLOW
 def test_sighup_saves_as_sigterm_does(tmp_path):
     """Closing the terminal (SIGHUP) finishes the step, saves it, exits 128 + 1; the relaunch resumes there."""
     resumed, records, _ = signal_and_resume(tmp_path, signal.SIGHUP)
@@ -341,8 +345,15 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str
     return results
 
 
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("signalled", ["one", "all"])
+@pytest.mark.parametrize(
+    ("world", "signalled"),
+    [
+        (2, "one"),
+        pytest.param(2, "all", marks=SLOW),
+        pytest.param(4, "one", marks=SLOW),
+        pytest.param(4, "all", marks=SLOW),
+    ],
+)
 def test_slurm_requeue_signal_under_ddp_saves_one_step_on_every_rank(tmp_path, world, signalled):
     """SIGUSR1 to one rank (the last) or to every rank of an emulated Slurm job step, in the middle of step 5: every
     rank finishes step 5, last.ckpt holds it, rank 0 requeues the job once, every rank exits 128 + SIGUSR1 in
@@ -371,7 +382,7 @@ def test_slurm_requeue_signal_under_ddp_saves_one_step_on_every_rank(tmp_path, w
         assert steps == list(range(1, 13)), (rank, steps)
 
 
-@pytest.mark.parametrize("signalled", ["one", "all"])
+@pytest.mark.parametrize("signalled", ["one", pytest.param("all", marks=SLOW)])
 def test_sigterm_during_validation_under_ddp_stops_after_it_on_every_rank(tmp_path, signalled):
     """SIGTERM to rank 1 or to both ranks while they validate after step 5: the validation ends, both ranks save
     step 5 and exit 143 (none waits in a collective for the other), and the relaunch resumes at step 6."""
