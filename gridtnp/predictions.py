@@ -3,30 +3,5 @@
 
 from __future__ import annotations
 
-from gridtnp.inference import (
-    RAW_UNITS,
-    UNITLESS,
-    PredictionWriter,
-    checkpoint_statistics,
-    departures_from_reference,
-    geographic_inputs,
-    is_prediction_file,
-    longitude_centre,
-    predict,
-    raw_predictions,
-    write_dataset,
-)
-
-__all__ = [
-    "RAW_UNITS",
-    "UNITLESS",
-    "PredictionWriter",
-    "checkpoint_statistics",
-    "departures_from_reference",
-    "geographic_inputs",
-    "is_prediction_file",
-    "longitude_centre",
-    "predict",
-    "raw_predictions",
-    "write_dataset",
-]
+from gridtnp.inference import *  # noqa: F403
+from gridtnp.inference import __all__  # noqa: F401
