@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gridtnp.report.scorecard import BASELINE, Z90, Scored, html_table
+from gridtnp.report.html_parts import html_table
+from gridtnp.report.scorecard import BASELINE, Z90, Scored
 from gridtnp.report.station_geometry import COASTAL_KM, coast_distance_km, nearest_context_km
 
 #: Bin edges (km) of the distance to the nearest context station.

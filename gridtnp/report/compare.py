@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gridtnp.registry import ConfigError
+from gridtnp.report.html_parts import figure_html
 from gridtnp.training.config_saving import CONFIG_NAME, RECIPE_COMMENT
 
 
@@ -86,15 +87,6 @@ def impact_batch(datamodule: Any, split: str, hours: int) -> Any:
     return stack_tasks(tasks)
 
 
-def _figure(name: str, figure: Any, caption: str) -> str:
-    from gridtnp.report.page import png_data
-
-    return (
-        f'<figure id="{html.escape(name)}"><img alt="{html.escape(name)}" src="{png_data(figure)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
-
-
 def comparison_sections(entries: list[Any], module: Any, datamodule: Any, split: str, impact_hours: int) -> str:
     """The scorecard (``Scored`` ``entries``, the report's model first), who wins where, the breakdowns, and the
     observation-impact map of the report's model over ``impact_hours`` hours (0: none), as HTML."""
@@ -111,7 +103,7 @@ def comparison_sections(entries: list[Any], module: Any, datamodule: Any, split:
     parts = [
         f'<h2 id="scorecard-section">Scorecard ({html.escape(split)} split, the same tasks for every model)</h2>',
         scorecard_html(entries, units),
-        _figure(
+        figure_html(
             "winners",
             plot_winners(points, station_rmse(entries), names),
             "The model with the lowest held-out "
@@ -119,7 +111,7 @@ def comparison_sections(entries: list[Any], module: Any, datamodule: Any, split:
         ),
         '<h2 id="breakdowns">Breakdowns</h2>',
         breakdown_html(items),
-        _figure(
+        figure_html(
             "breakdown_plots",
             plot_breakdowns(items),
             "Held-out RMSE by hour of day (UTC), by distance to the "
@@ -160,7 +152,7 @@ def _impact_section(
         f"{len(impact.times)} hour{'s' * (len(impact.times) != 1)} spread over the split, not the whole split, "
         "to keep it affordable: "
         f"{html.escape(when)}.</p>"
-        + _figure(
+        + figure_html(
             "impact_map",
             plot_impact(points, impact, entry.scale, units),
             "Observation impact per station: drop of the other stations' held-out RMSE (left) and of their mean "

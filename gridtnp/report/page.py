@@ -15,9 +15,7 @@ and its training step.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import lightning as L
 
 from gridtnp.files import atomic_write
 from gridtnp.redaction import redact_text
+from gridtnp.report.html_parts import png_data
 
 #: Marks the pages ``gridtnp report`` writes.
 GENERATOR = '<meta name="generator" content="gridtnp report">'
@@ -67,13 +66,6 @@ def is_report(path: Path) -> bool:
             return GENERATOR in f.read(4096)
     except OSError:
         return False
-
-
-def png_data(figure: Any, dpi: int = 90) -> str:
-    """A matplotlib figure as a ``data:image/png;base64,...`` URI."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _number(value: float | None) -> str:

@@ -13,7 +13,6 @@ targets (stations not in that hour's context) unless named otherwise.
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 
 from gridtnp.metrics import central_interval_halfwidth
 from gridtnp.registry import ConfigError
+from gridtnp.report.html_parts import html_table
 
 BASELINE = "coarse cell"
 Z90 = central_interval_halfwidth(0.9)
@@ -143,18 +143,6 @@ def winners(rmse: np.ndarray) -> np.ndarray:
 
 def _cell(value: float | None, digits: int = 3) -> str:
     return "-" if value is None or value != value else f"{value:.{digits}f}"
-
-
-def html_table(head: list[str], rows: list[list[str]], classes: list[str] | None = None, tid: str = "") -> str:
-    """A plain HTML table; ``rows`` are already-formatted cells, the first column a name (escaped here)."""
-    heads = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = []
-    for i, row in enumerate(rows):
-        kind = f' class="{classes[i]}"' if classes and classes[i] else ""
-        cells = "".join(f"<td>{html.escape(c)}</td>" for c in row)
-        body.append(f"<tr{kind}>{cells}</tr>")
-    ident = f' id="{tid}"' if tid else ""
-    return f"<table{ident}><thead><tr>{heads}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def scorecard_html(entries: list[Scored], units: str) -> str:
