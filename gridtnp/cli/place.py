@@ -138,7 +138,13 @@ def place_main(args: list[str]) -> None:
     """``gridtnp place --ckpt_path CKPT [--config RECIPE] --candidates grid|FILE.csv --count K --hours H --out DIR``."""
     from gridtnp.cli.evaluate import load_checkpoint, quiet_lightning_info
     from gridtnp.inference.inputs import checkpoint_statistics, geographic_inputs, longitude_centre
-    from gridtnp.inference.placement import box_points, greedy_placement, placement_table, read_candidates
+    from gridtnp.inference.placement import (
+        box_points,
+        greedy_placement,
+        placement_table,
+        read_candidates,
+        squared_units,
+    )
     from gridtnp.report.placement_map import placement_figure
     from gridtnp.report.plots import is_geographic
     from gridtnp.training.config_saving import CONFIG_NAME
@@ -184,7 +190,7 @@ def place_main(args: list[str]) -> None:
 
     def progress(round_: int, site: int, gain: float) -> None:
         where = ", ".join(f"{v:.4g}" for v in candidates[site])
-        value = f"{gain * scale**2:.4g} ({units})^2" if scale else f"{gain:.4g} (normalised)"
+        value = f"{gain * scale**2:.4g} {squared_units(units, '^2')}" if scale else f"{gain:.4g} (normalised)"
         print(f"gridtnp place: round {round_}/{opts.count}: {names[site]} ({where}), gain {value}", flush=True)
 
     hours = next(iter(context.values())).x.shape[0]
@@ -204,6 +210,6 @@ def place_main(args: list[str]) -> None:
     gains = ", ".join(f"{g:.4g}" for g in (placement.gains * scale**2 if scale else placement.gains))
     print(
         f"gridtnp place: {opts.count} sites of {len(candidates)} candidates over {hours} hours; "
-        f"gains {gains} {f'({units})^2' if scale else '(normalised)'}; written to {opts.out / 'placement.csv'} and "
-        "placement.png"
+        f"gains {gains} {squared_units(units, '^2') if scale else '(normalised)'}; written to "
+        f"{opts.out / 'placement.csv'} and placement.png"
     )

@@ -13,6 +13,7 @@ squared error. Candidates are evaluated as tasks stacked along the batch dimensi
 * ``box_points(lower, upper, shape)``: a regular grid of points ``[N, Dx]`` over a box (candidates or region).
 * ``read_candidates(path, coords)``: candidate sites ``[C, Dx]`` (and their names) from a CSV file.
 * ``placement_table(placement, coords, names, scale)``: the chosen sites as a ``pandas.DataFrame``.
+* ``squared_units(units)``: the units of a variance (``K²``).
 """
 
 from __future__ import annotations
@@ -254,5 +255,12 @@ def placement_table(
     table["variance_after"] = placement.variance[1:]
     if scale is not None:
         table["gain_physical"] = placement.gains * scale**2
-        table["units"] = f"({units})^2" if units else ""
+        table["units"] = squared_units(units, "^2")
     return table
+
+
+def squared_units(units: str, power: str = "²") -> str:
+    """``K`` -> ``K²``, ``m s-1`` -> ``(m s-1)²``; empty without units."""
+    if not units:
+        return ""
+    return f"{units}{power}" if units.isalnum() else f"({units}){power}"

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from gridtnp.inference.placement import Placement
+from gridtnp.inference.placement import Placement, squared_units
 from gridtnp.report.map_axes import compact_longitudes, geographic_axes, map_figure
 from gridtnp.report.plots import draw_field
 
@@ -76,7 +76,7 @@ def placement_figure(
             candidates,
             placement.first_gains * scale**2,
             {"cmap": "viridis"},
-            f"gain [({units})²]" if units != "normalised" else "gain [normalised variance]",
+            f"gain [{squared_units(units)}]" if units != "normalised" else "gain [normalised variance]",
             "gain of one new station at each candidate",
         ),
         (
