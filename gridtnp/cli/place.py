@@ -90,10 +90,14 @@ def _concat(parts: list[Observations]) -> Observations:
 
 
 def split_tasks(module: Any, datamodule: Any, split: str, hours: int) -> tuple[dict[str, Observations], Observations]:
-    """Context ``{source: [H, N, ...]}`` and targets of ``hours`` tasks of the split, spread evenly over it."""
+    """Context ``{source: [H, N, ...]}`` and targets of ``hours`` tasks of the split, spread evenly over it (the
+    first ``hours`` of a loader without a length)."""
     datamodule.setup("validate" if split == "val" else "test")
     loader = datamodule.val_dataloader() if split == "val" else datamodule.test_dataloader()
-    batches = len(loader)
+    try:
+        batches: int | None = len(loader)
+    except TypeError:  # a stream without a length: its first tasks
+        batches = None
     wanted: np.ndarray | None = None
     contexts: dict[str, list[Observations]] = {}
     targets: list[Observations] = []
@@ -101,7 +105,8 @@ def split_tasks(module: Any, datamodule: Any, split: str, hours: int) -> tuple[d
     for batch in loader:
         size = batch.batch_size
         if wanted is None:
-            wanted = np.unique(np.linspace(0, batches * size - 1, hours).round().astype(int))
+            last = batches * size - 1 if batches is not None else hours - 1
+            wanted = np.unique(np.linspace(0, last, hours).round().astype(int))
         pick = torch.from_numpy(wanted[(wanted >= first) & (wanted < first + size)] - first)
         first += size
         if len(pick):
