@@ -61,6 +61,9 @@ class ResidualKriging(nn.Module):
         grid: the lattice of ``phi`` ``{lower, upper, shape}``, in input units (the 0.25 degree points of a region).
         rank: ``R``, features per place.
         lr_scale: learning-rate multiplier of the feature table (``LearnedGridEmbedding``'s).
+        scales_lr_scale: learning-rate multiplier of the four scales (``L``, ``l``, ``a^2``, ``nu``, learned on a log
+            scale): at 1 and a learning rate of 1e-3, Adam moves ``nu`` by about a factor e per 1,000 steps, too
+            slow for observations whose noise share is far from the initial ``nugget``.
         taper: initial ``L`` in input units; learned.
         lengthscale: initial ``l`` of the short-range part, in input units; learned.
         short_range: initial ``a^2``, the short-range part's share at initialisation against ``phi``'s ``init_std^2``.
@@ -79,6 +82,7 @@ class ResidualKriging(nn.Module):
         grid: dict[str, Any] | None = None,
         rank: int = 16,
         lr_scale: float = 100.0,
+        scales_lr_scale: float = 1.0,
         taper: float = 3.0,
         lengthscale: float = 0.25,
         short_range: float = 0.25,
@@ -105,27 +109,33 @@ class ResidualKriging(nn.Module):
             "short_range": short_range,
             "nugget": nugget,
             "jitter": jitter,
+            "scales_lr_scale": scales_lr_scale,
         }
         bad = {k: v for k, v in positive.items() if not v > 0}
         if bad or nugget <= jitter:
             raise ValueError(
-                f"{WHERE} needs rank, taper, lengthscale, short_range, jitter > 0 and nugget > jitter; "
-                f"got {bad or {'nugget': nugget, 'jitter': jitter}}."
+                f"{WHERE} needs rank, taper, lengthscale, short_range, jitter, scales_lr_scale > 0 and nugget > "
+                f"jitter; got {bad or {'nugget': nugget, 'jitter': jitter}}."
             )
         self.source, self.dim_y, self.rank, self.jitter = source, dim_y, int(rank), float(jitter)
         self.features = LearnedGridEmbedding(dim_x, grid, self.rank, init_std=init_std, lr_scale=lr_scale)
-        # log L, log l, log a^2 and log(nu - jitter).
+        # log L, log l, log a^2 and log(nu - jitter), stored divided by scales_lr_scale (Adam's step is in stored units)
         scales = [math.log(taper), math.log(lengthscale), math.log(short_range), math.log(nugget - jitter)]
-        self.log_scales = nn.Parameter(torch.tensor(scales))
+        self.scales_lr_scale = float(scales_lr_scale)
+        self.log_scales = nn.Parameter(torch.tensor(scales) / self.scales_lr_scale)
+
+    def scales(self) -> Tensor:
+        """``[4]``: log L, log l, log a^2 and log(nu - jitter)."""
+        return self.log_scales * self.scales_lr_scale
 
     @property
     def nugget(self) -> Tensor:
         """``nu``, the noise share of a context point's variance (a scalar tensor)."""
-        return self.log_scales[3].exp() + self.jitter
+        return self.scales()[3].exp() + self.jitter
 
     def _kernel(self, xa: Tensor, fa: Tensor, xb: Tensor, fb: Tensor) -> Tensor:
         """``k(xa, xb)`` ``[B, Na, Nb]`` from locations ``[B, N, Dx]`` and features ``[B, N, R]``."""
-        log_taper, log_l, log_a2, _ = self.log_scales.unbind()
+        log_taper, log_l, log_a2, _ = self.scales().unbind()
         d2 = torch.cdist(xa, xb, compute_mode="donot_use_mm_for_euclid_dist").square()
         shared = fa @ fb.transpose(1, 2) / self.rank
         # Two factors in the first term: each floored so that their product stays a normal float.
@@ -134,7 +144,7 @@ class ResidualKriging(nn.Module):
 
     def _self_kernel(self, f: Tensor) -> Tensor:
         """``k(x, x)`` ``[B, N]``."""
-        return f.square().sum(-1) / self.rank + self.log_scales[2].exp()
+        return f.square().sum(-1) / self.rank + self.scales()[2].exp()
 
     def condition(self, xc: Tensor, yc: Tensor, valid: Tensor, context: Normal) -> Conditioned:
         """Factor ``C + nu I`` and solve for the standardised departures of the context points ``xc [B, Nc, Dx]``

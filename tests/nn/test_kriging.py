@@ -35,7 +35,7 @@ def numpy_posterior(layer, xc, rc, xt, mean_t, std_t):
                 out = out + w[:, None] * table[(i0[:, 0] + a) * 9 + i0[:, 1] + b]
         return out
 
-    taper, ell, a2, _ = np.exp(layer.log_scales.detach().numpy())
+    taper, ell, a2, _ = np.exp(layer.scales().detach().numpy())
     nugget = float(layer.nugget.detach())
     rank = layer.rank
 
@@ -179,3 +179,18 @@ def test_context_points_among_the_targets_are_decoded_once_with_the_same_result(
     twice = model.forward_chunked(context, xt, chunk=4)  # decodes the context points apart
     torch.testing.assert_close(once.mean, twice.mean)
     torch.testing.assert_close(once.stddev, twice.stddev)
+
+
+def test_scales_lr_scale_keeps_the_initial_layer_and_moves_the_nugget_faster():
+    """The same scales at initialisation; one Adam step moves log(nu - jitter) by about lr * scales_lr_scale."""
+    steps = {}
+    for s in (1.0, 10.0):
+        layer = kriging(nugget=0.05, scales_lr_scale=s)
+        before = layer.scales().detach().clone()
+        assert torch.allclose(before, kriging(nugget=0.05).scales().detach())
+        optimiser = torch.optim.Adam([layer.log_scales], lr=1e-3)
+        (-layer.nugget).backward()  # a loss that wants a larger nugget
+        optimiser.step()
+        steps[s] = float(layer.scales().detach()[3] - before[3])
+    assert steps[1.0] == pytest.approx(1e-3, rel=1e-3)
+    assert steps[10.0] == pytest.approx(1e-2, rel=1e-3)
