@@ -65,20 +65,23 @@ def resolve_model(spec: str, runs: Path) -> tuple[Path, list[str]]:
 
 
 def impact_batch(datamodule: Any, split: str, hours: int) -> Any:
-    """``hours`` tasks spread evenly over the split's batches (the first task of each chosen batch), as one batch."""
+    """``hours`` tasks spread evenly over the split (the first, the last and evenly between), as one batch."""
     from gridtnp.report.impact import stack_tasks
     from gridtnp.report.plots import task_batch
 
     loader = datamodule.val_dataloader() if split == "val" else datamodule.test_dataloader()
     dataset = loader.dataset
     tasks = []
-    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
-        n = len(dataset)
-        for index in sorted(set(np.linspace(0, n - 1, min(hours, n)).round().astype(int).tolist())):
-            tasks.append(task_batch(dataset[int(index)], 0))
-        if len(tasks) < hours:  # fewer batches than hours: more tasks of the first batch
-            first = dataset[0]
-            tasks += [task_batch(first, i) for i in range(1, min(first.batch_size, hours - len(tasks) + 1))]
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and len(dataset):
+        batches = {0: dataset[0]}
+        per = batches[0].batch_size
+        total = len(getattr(dataset, "hours", ())) or len(dataset) * per  # tasks in the split
+        for index in sorted(set(np.linspace(0, total - 1, min(hours, total)).round().astype(int).tolist())):
+            b, t = divmod(index, per)
+            if b not in batches:
+                batches[b] = dataset[b]
+            batch = batches[b]
+            tasks.append(task_batch(batch, min(t, batch.batch_size - 1)))
     else:
         for batch in loader:
             tasks += [task_batch(batch, i) for i in range(min(batch.batch_size, hours - len(tasks)))]
