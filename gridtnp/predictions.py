@@ -3,5 +3,7 @@
 
 from __future__ import annotations
 
+from gridtnp import inference
 from gridtnp.inference import *  # noqa: F403
-from gridtnp.inference import __all__  # noqa: F401
+
+__all__ = list(inference.__all__)
