@@ -120,6 +120,7 @@ def test_plot_callback_logs_tensorboard_images(tmp_path: Path) -> None:
         accelerator="cpu",
         logger=L.pytorch.loggers.TensorBoardLogger(tmp_path),
         callbacks=[PlotCallback(every_n_validations=1, num_tasks=1)],
+        log_every_n_steps=1,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -123,6 +123,7 @@ def small_station_model() -> NeuralProcessModule:
     )  # fmt: skip
 
 
+@pytest.mark.filterwarnings("ignore:predict. the gridded context:UserWarning")  # inputs partial on purpose
 def test_python_api_round_trips_xarray_coordinates_and_matches_the_model() -> None:
     torch.manual_seed(0)
     module = small_station_model()
@@ -180,6 +181,7 @@ def test_raw_predictions_pad_to_the_widest_batch() -> None:
     assert np.isfinite(ds["mean"].values[2:]).all()
 
 
+@pytest.mark.filterwarnings("ignore:predict. the gridded context:UserWarning")  # inputs partial on purpose
 def test_python_api_checks_its_inputs() -> None:
     """Latitudes beyond the poles are refused, 0-360 longitudes are wrapped, physical units need stats, inf is NaN."""
     torch.manual_seed(0)

@@ -32,8 +32,8 @@ def gka_by_hand(xt, x, z, mask, scale, bias=None, roll_period=None) -> torch.Ten
                     diff = float(xt[bi, t, d]) - float(x[bi, n, d])
                     if roll_period is not None and roll_period[d]:
                         diff = (diff + roll_period[d] / 2) % roll_period[d] - roll_period[d] / 2
-                    total += (diff / float(scale[d])) ** 2
-                logits.append((-0.5 * total + (0.0 if bias is None else float(bias[bi, n])), n))
+                    total += (diff / float(scale[d].detach())) ** 2
+                logits.append((-0.5 * total + (0.0 if bias is None else float(bias[bi, n].detach())), n))
             if not logits:
                 continue
             top = max(v for v, _ in logits)

@@ -38,6 +38,7 @@ def test_tiny_tnp_learns_1d_gp(tmp_path):
     data.setup("fit")
     module = NeuralProcessModule(preset="tnp", dim=32, lr=1e-3, processor={"layers": 2})
     before = mean_val_loglik(module, data)
+    module.train()  # back from the evaluation above, as a fit starts
     trainer = quiet_trainer(max_steps=60, gradient_clip_val=0.5, limit_val_batches=0, default_root_dir=tmp_path)
     trainer.fit(module, data)
     after = mean_val_loglik(module, data)
