@@ -7,30 +7,7 @@
 
 from __future__ import annotations
 
-from gridtnp.inference.predictions import (
-    RAW_UNITS,
-    UNITLESS,
-    PredictionWriter,
-    checkpoint_statistics,
-    departures_from_reference,
-    geographic_inputs,
-    is_prediction_file,
-    longitude_centre,
-    predict,
-    raw_predictions,
-    write_dataset,
-)
+from gridtnp.inference import predictions
+from gridtnp.inference.predictions import *  # noqa: F403
 
-__all__ = [
-    "RAW_UNITS",
-    "UNITLESS",
-    "PredictionWriter",
-    "checkpoint_statistics",
-    "departures_from_reference",
-    "geographic_inputs",
-    "is_prediction_file",
-    "longitude_centre",
-    "predict",
-    "raw_predictions",
-    "write_dataset",
-]
+__all__ = list(predictions.__all__)
