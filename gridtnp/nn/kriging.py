@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from gridtnp.nn.conditioning import Factor, condition, posterior
 from gridtnp.nn.embeddings import LearnedGridEmbedding
 from gridtnp.nn.gaussian import exp_floored
 from gridtnp.registry import register
@@ -41,9 +42,7 @@ class Conditioned(NamedTuple):
     x: Tensor  # context locations [B, Nc, Dx]
     features: Tensor  # phi at the context points [B, Nc, R]
     norm: Tensor  # k(x, x)^-1/2 at the context points [B, Nc]
-    cholesky: Tensor  # lower factor of C + nu I [B, Nc, Nc] (identity rows at invalid points)
-    weights: Tensor  # (C + nu I)^-1 r [B, Nc, Dy] (zero at invalid points)
-    valid: Tensor  # [B, Nc]
+    factor: Factor  # C + nu I factored, and the standardised departures solved (conditioning.condition)
 
 
 @register("kriging", "gp")
@@ -155,33 +154,20 @@ class ResidualKriging(nn.Module):
             f = self.features(xc).to(dtype)  # [B, Nc, R]
             norm = self._self_kernel(f).rsqrt()
             corr = self._kernel(xc, f, xc, f) * norm.unsqueeze(-1) * norm.unsqueeze(-2)
-            pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-            eye = torch.eye(xc.shape[1], dtype=corr.dtype, device=corr.device)
-            a = torch.where(pair, corr, eye) + self.nugget * eye
-            cholesky, info = torch.linalg.cholesky_ex(a)
-            if bool((info > 0).any()):  # one sync, as torch.linalg.cholesky's own check
-                raise ValueError(
-                    f"{WHERE}: the context correlation C + nu I is not positive definite in {dtype} for "
-                    f"{int((info > 0).sum())} task(s) (near-duplicate context points?); raise jitter (now "
-                    f"{self.jitter})."
-                )
             r = (yc[..., : self.dim_y].to(dtype) - context.mean.to(dtype)) / context.stddev.to(dtype)
-            r = torch.where(valid.unsqueeze(-1), r, 0.0)
-            weights = torch.cholesky_solve(r, cholesky)
-        return Conditioned(xc, f, norm, cholesky, weights, valid)
+            factor = condition(corr, r, valid, self.nugget, WHERE, f"raise jitter (now {self.jitter})")
+        return Conditioned(xc, f, norm, factor)
 
     def forward(self, conditioned: Conditioned, xt: Tensor, dist: Normal) -> Normal:
         """The network's predictive ``dist`` at ``xt [B, Nt, Dx]`` conditioned on the context (``condition``)."""
-        dtype = conditioned.weights.dtype
+        dtype = conditioned.factor.weights.dtype
         with torch.autocast(xt.device.type, enabled=False):
             xt = xt.to(dtype)
             f = self.features(xt).to(dtype)  # [B, Nt, R]
             cross = self._kernel(xt, f, conditioned.x, conditioned.features)  # [B, Nt, Nc]
             cross = cross * self._self_kernel(f).rsqrt().unsqueeze(-1) * conditioned.norm.unsqueeze(-2)
-            cross = torch.where(conditioned.valid.unsqueeze(-2), cross, 0.0)
-            shift = cross @ conditioned.weights  # [B, Nt, Dy]
-            v = torch.linalg.solve_triangular(conditioned.cholesky, cross.transpose(1, 2), upper=False)
-            explained = v.square().sum(1).clamp(max=1.0)  # [B, Nt]
+            shift, explained = posterior(conditioned.factor, cross)  # [B, Nt, Dy], [B, Nt]
+            explained = explained.clamp(max=1.0)
             std = dist.stddev.to(dtype)
             mean = dist.mean.to(dtype) + std * shift
             var = std.square() * (1.0 + self.nugget - explained).unsqueeze(-1)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution, Normal
 
+from gridtnp.nn.conditioning import rank_one_posterior
 from gridtnp.nn.embeddings import LearnedGridEmbedding
 from gridtnp.nn.gaussian import exp_floored, floor_logits
 from gridtnp.nn.monomials import basis_size, shape_basis
@@ -139,7 +140,8 @@ class InterpolationResidual(nn.Module):
             the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
             ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
             learned): near an observation with a large ``w`` the prediction is the observation, far from all of
-            them the interpolation.
+            them the interpolation. This is GP conditioning (``gridtnp.nn.conditioning.rank_one_posterior``) with
+            each target's neighbours fully correlated with it and seeing it with noise ``1 / a_j``.
     """
 
     def __init__(
@@ -257,8 +259,7 @@ class InterpolationResidual(nn.Module):
         log_l, log_w = self.log_departure_scale.unbind()
         d2 = (xt.unsqueeze(-2) - xn).square().sum(-1)
         a = torch.where(ok, exp_floored(log_w - 0.5 * d2 * torch.exp(-2 * log_l)), 0.0)  # [B, Nt, k]
-        lam = a / (1 + a.sum(-1, keepdim=True))  # simple-kriging-like: sums to < 1, shrinks to 0 far away
-        spread = (lam.unsqueeze(-1) * dn).sum(-2)  # [B, Nt, Dy]
+        spread, lam = rank_one_posterior(a, dn)  # [B, Nt, Dy], [B, Nt, k]
         spread_sq = (lam.unsqueeze(-1) * dn.square()).sum(-2)
         return mean + spread, torch.cat([share, lam.sum(-1, keepdim=True), spread, spread_sq], -1), near
 

@@ -8,9 +8,10 @@ processor (tokens = the values), like the ``interpolation`` baseline, and ignore
   values around the target, with a Gaussian variance per place. Its coefficients are a learned table indexed by the
   target's nearest point of ``places``, so the normal training loop (Gaussian NLL, Adam) fits each place's least
   squares over every training task that has a target there.
-* ``mos_kriging``: ``mos`` plus an exact Gaussian process (gpytorch) on MOS's residuals at the context points of
-  ``station_source``, interpolated to the targets; the predictive variance is the GP's posterior variance plus the
-  per-place MOS variance. The kernel's hyperparameters are learned by the same loop.
+* ``mos_kriging``: ``mos`` plus an exact Gaussian process on MOS's residuals at the context points of
+  ``station_source``, interpolated to the targets (a gpytorch kernel, ``gridtnp.nn.conditioning``'s solve); the
+  predictive variance is the GP's posterior variance plus the per-place MOS variance. The kernel's hyperparameters
+  are learned by the same loop.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ import gpytorch
 import torch
 from torch import Tensor, nn
 
+from gridtnp.nn.conditioning import condition, dense_kernel, posterior
 from gridtnp.nn.grid_decoders.gridded import gather_rows
 from gridtnp.nn.grid_decoders.interpolation import check_final, source_axes
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.nn.tokens import Latent
 from gridtnp.registry import ConfigError, register
-
-PAD_NOISE = 1.0e10  # noise variance of padded GP points: they carry no information
 
 
 def stencil(radius: int, spacing: float, dim_x: int = 2) -> Tensor:
@@ -192,19 +192,6 @@ class MOSDecoder(nn.Module):
         return torch.stack([mean, self.log_var(xt)[..., 0]], -1).to(zt.dtype)
 
 
-class ResidualGP(gpytorch.models.ExactGP):
-    """An exact, zero-mean GP on a batch of residual sets (``x [B, N, d]``, ``y [B, N]``), one GP per task."""
-
-    def __init__(self, x: Tensor, y: Tensor, likelihood: gpytorch.likelihoods.Likelihood, kernel: nn.Module) -> None:
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ZeroMean()
-        self.covar_module = kernel
-
-    def forward(self, x: Tensor) -> gpytorch.distributions.MultivariateNormal:
-        """The prior at ``x [B, N, d]``."""
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def gp_kernel(name: str, lengthscale: float, outputscale: float, where: str) -> gpytorch.kernels.ScaleKernel:
     """``ScaleKernel(RBF)`` or ``ScaleKernel(Matern nu)`` (``rbf``, ``matern12``, ``matern32``, ``matern52``)."""
     nus = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
@@ -224,28 +211,19 @@ def gp_posterior(
     kernel: nn.Module, noise: Tensor, xc: Tensor, rc: Tensor, mask: Tensor, xt: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Exact GP posterior mean and variance of the latent function ``[B, Nt]`` at ``xt [B, Nt, d]`` given residuals
-    ``rc [B, N]`` at ``xc [B, N, d]`` observed with noise variance ``noise`` (a scalar tensor). Padded points
-    (``mask [B, N]`` False) get residual 0 and noise variance ``PAD_NOISE``: their weight in the posterior is
-    ``k / PAD_NOISE``, below float32 rounding. Give float64 inputs: gpytorch centres all points before taking
-    distances, so a far-off (padded) target would cost float32 its precision at the others."""
-    rc = torch.where(mask, rc, 0.0)
-    point_noise = torch.where(mask, noise.expand_as(rc), torch.full_like(rc, PAD_NOISE))
-    likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=point_noise)
-    training = kernel.training
-    gp = ResidualGP(xc, rc, likelihood, kernel)
-    gp.eval()
-    try:
-        with gpytorch.settings.detach_test_caches(False), gpytorch.settings.fast_pred_var(False):
-            posterior = gp(xt)
-            mean, variance = posterior.mean, posterior.variance
-    finally:
-        kernel.train(training)
-    return mean, variance.clamp(min=0.0)
+    ``rc [B, N]`` at ``xc [B, N, d]`` observed with noise variance ``noise`` (a scalar tensor); padded points
+    (``mask [B, N]`` False) carry no weight. Give float64 inputs: gpytorch's Matern kernels centre the points before
+    taking distances, so a far-off (padded) point would cost float32 its precision at the others."""
+    gram = dense_kernel(kernel, xc, xc)  # [B, N, N]
+    factor = condition(gram, rc.unsqueeze(-1), mask, noise, "grid decoder 'mos_kriging'")
+    shift, explained = posterior(factor, dense_kernel(kernel, xt, xc))
+    prior = kernel(xt, diag=True)  # [B, Nt]
+    return shift[..., 0], (prior - explained).clamp(min=0.0)
 
 
 @register("grid_decoder", "mos_kriging")
 class MOSKrigingDecoder(MOSDecoder):
-    """``mos`` plus kriging of its residuals at the context stations: an exact GP posterior (gpytorch) per task.
+    """``mos`` plus kriging of its residuals at the context stations: an exact GP posterior per task.
 
     MOS's residuals ``r_c = y_c - m(x_c)`` at the context points of ``station_source`` are interpolated to the
     targets by a zero-mean GP with kernel ``ScaleKernel(RBF or Matern)`` on x and Gaussian noise ``s^2``: mean
