@@ -21,6 +21,7 @@ from torch.distributions import Normal
 
 from gridtnp.batch import Batch
 from gridtnp.metrics import StandardisedSquareByOutput
+from gridtnp.nn.lowrank_normal import rescaled
 from gridtnp.nn.neighbours import knn_points
 
 
@@ -47,7 +48,7 @@ class VarianceCalibration:
         if batch is not None:
             observed = observed_targets(batch, self.target_source).unsqueeze(-1)  # [B, Nt, 1]
             scale = torch.where(observed, self.std_scale_observed.to(scale), scale)
-        return Normal(dist.mean, dist.stddev * scale)
+        return rescaled(dist, dist.mean, scale)  # a joint predictive's correlations are kept
 
     def fit_calibration(self) -> None:
         """With variance calibration, fit ``std_scale`` to this validation's uncalibrated predictive (not the sanity

@@ -16,8 +16,10 @@ from torch.distributions import Distribution, Normal
 from gridtnp.batch import Observations
 from gridtnp.nn.grids import Grid
 from gridtnp.nn.kriging import Conditioned, ResidualKriging
+from gridtnp.nn.lowrank_normal import concatenate
 from gridtnp.nn.residuals import Residual, shift_mean
 from gridtnp.nn.tokens import Tokens
+from gridtnp.registry import ConfigError
 
 #: Most (target, context point) pairs per batch compared to find the context points that are also targets.
 MATCH_PAIRS = 2**22  # the comparison holds [B, Nc, Nt, Dx] floats: 34 MB at Dx = 2
@@ -43,6 +45,8 @@ class NeuralProcess(nn.Module):
         kriging: ResidualKriging | None = None,
     ) -> None:
         super().__init__()
+        if kriging is not None and getattr(likelihood, "joint", False):
+            raise ConfigError("kriging is per target: use a per-point likelihood (gaussian), not a joint one, with it.")
         self.encoders = encoders
         self.grid_encoder = grid_encoder
         self.processor = processor
@@ -83,12 +87,11 @@ class NeuralProcess(nn.Module):
         conditioned = self._condition(encoded)
         if xt.shape[1] <= chunk:
             return self._predict(encoded, conditioned, xt)
-        means, stds = [], []
-        for start in range(0, xt.shape[1], chunk):
-            dist = gaussian(self._predict(encoded, conditioned, xt[:, start : start + chunk]), "forward_chunked")
-            means.append(dist.mean)
-            stds.append(dist.stddev)
-        return Normal(torch.cat(means, 1), torch.cat(stds, 1))
+        parts = [
+            gaussian(self._predict(encoded, conditioned, xt[:, start : start + chunk]), "forward_chunked")
+            for start in range(0, xt.shape[1], chunk)
+        ]
+        return concatenate(parts)
 
     def _encode(self, context: dict[str, Observations]) -> tuple[Any, Any, Any]:
         """The context's tokens, its valid observations by source and the processor's states."""

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from gridtnp.nn.lowrank_normal import LowRankNormal
 from gridtnp.nn.mlp import mlp
 from gridtnp.registry import register
 
@@ -120,14 +121,66 @@ class DirectLikelihood(nn.Module):
         return Normal(mean, (log_var.clamp(max=60.0).exp() + self.min_noise).sqrt())
 
 
+@register("likelihood", "lowrank_gaussian")
+class LowRankGaussianLikelihood(nn.Module):
+    """Joint Gaussian over a task's targets ``[B, N, D] -> LowRankNormal [B, N, Dy]``: covariance ``W W^T + diag``.
+
+    An MLP head gives each target its mean, a diagonal variance ``softplus(raw) + min_noise`` and a factor row
+    ``[Dy, rank]`` (scaled by ``1 / sqrt(rank)``); two targets covary by the dot product of their rows, so a
+    sample of all targets is coherent (``gridtnp.nn.lowrank_normal``). Trained by the task's joint log-density,
+    reported per target point as the independent Gaussian's. Not with ``kriging`` (its layer is per point).
+
+    Args:
+        dim: token width D of the target tokens.
+        dim_y: output dimension Dy.
+        rank: columns R of the covariance factor (the joint part's rank).
+        hidden: hidden width of the MLP head; null for ``dim``.
+        layers: number of linear layers of the MLP head.
+        min_noise: lower bound on the diagonal variance; > 0 (it keeps the covariance invertible).
+    """
+
+    joint = True
+
+    def __init__(
+        self,
+        dim: int = 128,
+        dim_y: int = 1,
+        rank: int = 16,
+        hidden: int | None = None,
+        layers: int = 3,
+        min_noise: float = 1e-4,
+    ) -> None:
+        super().__init__()
+        if rank < 1 or min_noise <= 0:
+            raise ValueError(f"lowrank_gaussian likelihood: needs rank >= 1 and min_noise > 0; got {rank}, {min_noise}")
+        self.head = mlp(dim, dim_y * (2 + rank), hidden or dim, layers)
+        self.dim_y, self.rank, self.min_noise = dim_y, rank, min_noise
+
+    def forward(self, z: Tensor) -> LowRankNormal:
+        out = self.head(z).float()
+        mean, raw = out[..., : 2 * self.dim_y].chunk(2, dim=-1)
+        factor = out[..., 2 * self.dim_y :].unflatten(-1, (self.dim_y, self.rank)) / self.rank**0.5
+        return LowRankNormal(mean, factor, F.softplus(raw) + self.min_noise)
+
+
 def log_likelihood(dist: Normal, y: Tensor, mask: Tensor) -> Tensor:
     """Mean log-density per valid target point, per task: ``y [B, N, Dy]``, ``mask [B, N]`` -> ``[B]``.
 
-    Densities are summed over ``Dy``; a task with no valid target gives 0.
+    Densities are summed over ``Dy``; a task with no valid target gives 0. A ``LowRankNormal`` gives its joint
+    log-density over the task's valid targets divided by their number (the sum of the marginals' for a diagonal
+    covariance).
     """
+    if isinstance(dist, LowRankNormal):
+        return dist.joint_log_prob(y, mask) / mask.sum(-1).clamp(min=1)
     y = torch.where(mask.unsqueeze(-1), y.float(), dist.mean.detach())  # padded / NaN y never reach log_prob
     logp = dist.log_prob(y).sum(-1) * mask
     return logp.sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-__all__ = ["DirectLikelihood", "GaussianLikelihood", "HomoscedasticLikelihood", "log_likelihood"]
+__all__ = [
+    "DirectLikelihood",
+    "GaussianLikelihood",
+    "HomoscedasticLikelihood",
+    "LowRankGaussianLikelihood",
+    "log_likelihood",
+]

@@ -40,6 +40,7 @@ from torch.distributions import Distribution, Normal
 from gridtnp.nn.conditioning import rank_one_posterior
 from gridtnp.nn.embeddings import LearnedGridEmbedding
 from gridtnp.nn.gaussian import exp_floored, floor_logits
+from gridtnp.nn.lowrank_normal import rescaled
 from gridtnp.nn.monomials import basis_size, shape_basis
 from gridtnp.nn.neighbours import knn_points
 from gridtnp.nn.residual_options import WHERE, Departures, Regression, number
@@ -376,11 +377,11 @@ def shift_mean(dist: Distribution, offset: Tensor, scale: Tensor | None = None) 
         raise TypeError(f"residual needs a Gaussian likelihood (a Normal predictive); got {type(dist).__name__}.")
     loc = dist.loc + offset.to(dist.loc.dtype)
     if scale is None:
-        return Normal(loc, dist.scale)
+        return rescaled(dist, loc)
     scale = scale.to(dist.scale.dtype)
     if loc.requires_grad:
         # Same value; the mean's gradient times scale^2, so that d(-log p)/d(mean) = (mean - y) / std_net^2 as
         # without the factor: a wide day widens the std without weighing less in the fit of the mean.
         fixed = loc.detach()
         loc = fixed + (loc - fixed) * scale.detach().square()
-    return Normal(loc, dist.scale * scale)
+    return rescaled(dist, loc, scale)  # a joint predictive keeps its correlations
