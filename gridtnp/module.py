@@ -8,11 +8,11 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from torch import Tensor
-from torch.distributions import Normal
 
 from gridtnp.batch import Batch
 from gridtnp.calibration import VarianceCalibration, observed_targets
 from gridtnp.data.contract import optional
+from gridtnp.joint_metrics import JointScores
 from gridtnp.metrics import (
     COVERAGE_METRICS,
     PHYSICAL_METRICS,
@@ -20,9 +20,10 @@ from gridtnp.metrics import (
     evaluation_metrics,
     point_weights,
 )
-from gridtnp.models.neural_process import TARGET_CHUNK, count_parameters
+from gridtnp.models.neural_process import TARGET_CHUNK, count_parameters, gaussian
 from gridtnp.models.specs import build_model, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
+from gridtnp.nn.lowrank_normal import draw_samples
 from gridtnp.registry import ConfigError
 from gridtnp.training.compiling import CompiledModel
 from gridtnp.training.run_scale import report_training_scale
@@ -54,7 +55,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
     weights masked to each subset; tasks without such targets are left out of the task means). The DataModule must
     give it in every batch of an evaluation set or in none (under DDP every rank logs the same names).
 
-    Variance calibration (``variance_calibration: true``): ``gridtnp.calibration.VarianceCalibration``.
+    Variance calibration (``variance_calibration: true``): ``gridtnp.calibration.VarianceCalibration``. Test also
+    logs the scores of the joint predictive over each task's targets (``gridtnp.joint_metrics.JOINT_METRICS``).
 
     The model arguments are the five slots of ``gridtnp.models.build_model`` (each a mapping with a
     registered ``name``), the shared sizes, or a ``preset`` name whose slots they override.
@@ -91,6 +93,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
             apply it at test and predict time (see above); off by default.
         compile: run the model through ``torch.compile`` (CPU needs a C compiler); where compiling fails, one
             warning names the reason and the model runs eagerly (``gridtnp.training.compiling.CompiledModel``).
+        score_samples: samples per task of the test-time joint scores (``gridtnp.joint_metrics``: energy and
+            variogram scores; the regional mean's coverage is exact).
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         latitude_dim: int = 0,
         variance_calibration: bool = False,
         compile: bool = False,
+        score_samples: int = 32,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -165,6 +170,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         self.group_metrics = torch.nn.ModuleDict({g: torch.nn.ModuleDict(evaluation_metrics()) for g in groups})
         dim_y_target = int(expand_spec(spec)["target_dim_y"]) if variance_calibration else 0
         self.init_calibration(variance_calibration, dim_y_target)
+        self.joint_scores = JointScores(score_samples)  # test only: samples cost time
+        self.predict_samples = 0  # joint samples per task in predict_step's outputs (set by PredictionWriter)
         #: What the checkpoint keeps of the training data (``StoreDataModule.variable_metadata``), or None.
         self.data_metadata: dict[str, Any] | None = None
 
@@ -240,12 +247,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         return getattr(self.model, "target_source", None)
 
     def _evaluate(self, batch: Batch, stage: str) -> None:
-        dist = self(batch)
-        if not isinstance(dist, Normal):
-            raise TypeError(
-                f"evaluation metrics need a Gaussian predictive (torch.distributions.Normal); the likelihood "
-                f"returned a {type(dist).__name__}."
-            )
+        dist = gaussian(self(batch), "evaluation metrics")
         target = batch.target
         weight = point_weights(target.valid(), target.x, self.latitude_dim)  # [B, Nt]
         mean, std = dist.mean, dist.stddev
@@ -259,12 +261,14 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
             self.calibration_sums.update(mean, std, target.y, weight * ~observed)
             self.calibration_sums_observed.update(mean, std, target.y, weight * observed)
         calibrated = stage == "test" and self.variance_calibration
-        calibrated_std = self.calibrate(dist, batch).stddev if calibrated else None
+        calibrated_dist = self.calibrate(dist, batch) if calibrated else dist
         for prefix, w in subsets.items():
             if calibrated:
-                self._log_metrics(batch, stage, prefix, mean, calibrated_std, w)
+                self._log_metrics(batch, stage, prefix, mean, calibrated_dist.stddev, w)
                 prefix = "uncalibrated/" + prefix
             self._log_metrics(batch, stage, prefix, mean, std, w)
+        if stage == "test":
+            self.joint_scores.update_and_log(self, stage, calibrated_dist, target.y, weight)
         if calibrated:
             for j, (s, o) in enumerate(zip(self.std_scale, self.std_scale_observed, strict=True)):
                 name = "calibration_scale" if len(self.std_scale) == 1 else f"calibration_scale_{j}"
@@ -332,8 +336,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         self._evaluate(batch, "test")
 
     def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
-        """Predictive ``mean``, ``std`` ``[B, Nt, Dy]`` with the targets' ``x``, ``y``, ``mask`` and the batch's
-        extras (e.g. ``hour``), on the CPU, for ``gridtnp.inference.predictions.PredictionWriter``."""
+        """Predictive ``mean``, ``std`` ``[B, Nt, Dy]`` (``samples [B, Nt, Dy, S]`` with ``predict_samples``) with the
+        targets' ``x``, ``y``, ``mask`` and the batch's extras (e.g. ``hour``), on the CPU, for the PredictionWriter."""
         if batch_idx == 0:
             self.model.warn_outside_grid(batch.context, batch.target)
         target = batch.target
@@ -343,6 +347,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         else:
             dist = self.calibrate(self(batch), batch)
         out = {"mean": dist.mean, "std": dist.stddev, "x": target.x, "y": target.y, "mask": target.mask, **batch.extras}
+        if self.predict_samples:  # [B, Nt, Dy, S]: joint for a joint likelihood
+            out["samples"] = draw_samples(dist, self.predict_samples).permute(1, 2, 3, 0)
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 
     def on_fit_start(self) -> None:
