@@ -40,7 +40,7 @@ from gridtnp.batch import Batch, Observations
 from gridtnp.data.contract import optional
 from gridtnp.files import check_output, out_of_space, remove_path, replace_path, replacing
 from gridtnp.inference.cells import gridded_context
-from gridtnp.inference.cf import CONVENTIONS, attribution_of, cf_predictions, context_flags, prediction_dataset
+from gridtnp.inference.cf import attribution_of, cf_predictions, context_flags, prediction_dataset
 from gridtnp.inference.climatology import departures_from_reference
 from gridtnp.inference.coverage import warn_uncovered, warn_uncovered_batch
 from gridtnp.inference.inputs import (
@@ -56,8 +56,10 @@ from gridtnp.inference.inputs import (
     station_targets,
     template,
 )
+from gridtnp.inference.samples import attach_samples, raw_predictions, with_samples
 from gridtnp.inference.stopping import StopSignals, stop_line
 from gridtnp.models.neural_process import TARGET_CHUNK
+from gridtnp.nn.lowrank_normal import draw_samples
 from gridtnp.redaction import redact_text
 from gridtnp.registry import ConfigError
 
@@ -93,15 +95,21 @@ class PredictionWriter(BasePredictionWriter):
         overwrite: replace an existing file at ``path``, if it holds gridtnp predictions (never anything else,
             such as the data store being read).
         tasks_per_write: tasks converted and appended to a Zarr store at a time.
+        samples: samples of the predictive per task written as ``<variable>_sample`` (a trailing ``sample``
+            dimension; ``inference.samples``): joint over a task's targets for a joint likelihood; 0: none.
     """
 
-    def __init__(self, path: str | None = None, overwrite: bool = False, tasks_per_write: int = 256) -> None:
+    def __init__(
+        self, path: str | None = None, overwrite: bool = False, tasks_per_write: int = 256, samples: int = 0
+    ) -> None:
         super().__init__(write_interval="batch")
         if path is not None and Path(path).suffix not in (".nc", ".zarr"):
             raise ConfigError(f"predictions.path {path!r}: expected a .nc (NetCDF) or .zarr file name.")
         if tasks_per_write < 1:
             raise ConfigError(f"predictions.tasks_per_write {tasks_per_write}: expected at least 1.")
-        self.path, self.overwrite, self.tasks_per_write = path, overwrite, tasks_per_write
+        if samples < 0:
+            raise ConfigError(f"predictions.samples {samples}: expected 0 (none) or more.")
+        self.path, self.overwrite, self.tasks_per_write, self.samples = path, overwrite, tasks_per_write, samples
         self.recipe: list[str] = []  # set by the CLI: the recipe file(s) used
         self.written: Path | None = None
         self._pending: list[Any] = []
@@ -123,6 +131,7 @@ class PredictionWriter(BasePredictionWriter):
         check_output(self.output_path(trainer), "prediction file", option, self.overwrite, is_prediction_file)
         self._pending, self._partial, self.written, self._attribution = [], None, None, None
         self.incomplete = None
+        pl_module.predict_samples = self.samples
         self.signals.install()
 
     def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
@@ -167,7 +176,8 @@ class PredictionWriter(BasePredictionWriter):
         elif self._pending:
             outputs, self._pending = self._pending, []
             convert = self._convert(trainer)
-            ds = self._cf(convert(outputs), trainer, pl_module) if convert is not None else raw_predictions(outputs)
+            to_dataset = (lambda o: self._cf(convert(o), trainer, pl_module)) if convert else raw_predictions
+            ds = with_samples(to_dataset, outputs)
             write_dataset(self._described(ds, trainer, pl_module), path)
         else:
             return
@@ -186,7 +196,8 @@ class PredictionWriter(BasePredictionWriter):
     def _append(self, trainer: Any, pl_module: Any) -> None:
         """Convert the pending outputs and write them to the partial Zarr store, after what it holds along time."""
         outputs, self._pending = self._pending, []
-        ds = self._described(self._cf(self._convert(trainer)(outputs), trainer, pl_module), trainer, pl_module)
+        ds = with_samples(lambda o: self._cf(self._convert(trainer)(o), trainer, pl_module), outputs)
+        ds = self._described(ds, trainer, pl_module)
         if self._partial is None:
             path = self.output_path(trainer)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,30 +272,6 @@ def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def raw_predictions(outputs: Sequence[dict[str, torch.Tensor]]) -> xr.Dataset:
-    """Outputs of a DataModule without ``predictions_to_xarray``: ``mean``, ``std``, ``x`` on ``(task, point, ...)``
-    with padded points masked (NaN)."""
-    width = max(o["mean"].shape[1] for o in outputs)
-
-    def stack(key: str) -> np.ndarray:
-        parts = [
-            torch.nn.functional.pad(o[key].float(), (0, 0, 0, width - o[key].shape[1]), value=float("nan"))
-            for o in outputs
-        ]
-        return torch.cat(parts).numpy()
-
-    mask = torch.cat([torch.nn.functional.pad(o["mask"], (0, width - o["mask"].shape[1])) for o in outputs]).numpy()
-    mean, std, x = (np.where(mask[..., None], stack(k), np.nan) for k in ("mean", "std", "x"))
-    return xr.Dataset(
-        {
-            "mean": (("task", "point", "output"), mean, {"long_name": "predictive mean (normalised units)"}),
-            "std": (("task", "point", "output"), std, {"long_name": "predictive standard deviation (normalised)"}),
-            "x": (("task", "point", "input"), x, {"long_name": "target location"}),
-        },
-        attrs={"Conventions": CONVENTIONS, "source": "gridtnp predictions"},
-    )
-
-
 @torch.no_grad()
 def predict(
     module: torch.nn.Module,
@@ -296,6 +283,7 @@ def predict(
     batch_dim: str | None = None,
     target_chunk: int = TARGET_CHUNK,
     attrs: Mapping[str, Any] | None = None,
+    samples: int = 0,
 ) -> xr.Dataset:
     """Predictive ``mean`` and ``std`` at the points of ``targets``, given xarray context, as an ``xarray.Dataset``.
 
@@ -323,7 +311,8 @@ def predict(
     Targets are decoded ``target_chunk`` points (over all tasks) at a time after one pass over the context, so
     memory stays bounded however many targets there are.
     ``batch_dim`` (e.g. ``"time"``), present on every context array, gives one task per entry. ``module`` is a
-    ``NeuralProcessModule`` or a ``NeuralProcess``.
+    ``NeuralProcessModule`` or a ``NeuralProcess``. ``samples`` > 0 adds that many samples of the predictive as
+    ``<variable>_sample`` with a trailing ``sample`` dimension (``inference.samples``; joint for a joint likelihood).
 
     Inputs are checked where they enter: latitudes outside [-90, 90] are refused, longitudes are wrapped into
     [-180, 180) (a 0-360 field is read correctly; for a model whose grid is a box across the date line, within 180
@@ -382,19 +371,21 @@ def predict(
     calibrate = getattr(module, "calibrate", None)  # with the batch: context stations get their own scale
     dist = calibrate(dist, batch) if callable(calibrate) else dist
     mean, std = dist.mean.float().cpu().numpy(), dist.stddev.float().cpu().numpy()  # [B, N, Dy]
+    draws = list(draw_samples(dist, samples).float().cpu().numpy()) if samples else []  # S x [B, N, Dy]
     outputs = [target_stats] * mean.shape[-1] if target_stats is not None else saved_targets
     described: list[dict[str, str]] = [{}] * mean.shape[-1]
     names: list[str] = []
     if len(outputs) == mean.shape[-1]:
         offset, factor = np.array([o[0] for o in outputs]), np.array([o[1] for o in outputs])
-        mean, std = mean * factor + offset, std * factor
+        mean, std, draws = mean * factor + offset, std * factor, [d * factor + offset for d in draws]
         if target_stats is None and len(target_attrs) == mean.shape[-1]:
             described = target_attrs
             names = [str(v) for v in (getattr(module, "data_metadata", None) or {}).get("target", [])]
     if target_reference is not None:
-        mean = mean + target_reference
+        mean, draws = mean + target_reference, [d + target_reference for d in draws]
     first = next(iter(context.values()))
     time = first.coords.get(batch_dim) if batch_dim is not None else first.coords.get("time")
-    return prediction_dataset(
-        mean, std, spanning, batch_dim, time, names, described, context_flags(module, batch), attribution
-    )
+    flags = context_flags(module, batch)
+    ds = prediction_dataset(mean, std, spanning, batch_dim, time, names, described, flags, attribution)
+    made = [prediction_dataset(d, std, spanning, batch_dim, time, names, described, None, {}) for d in draws]
+    return attach_samples(ds, made)
