@@ -13,6 +13,7 @@ import torch
 
 from gridtnp.nn.attention import CrossAttentionBlock
 from gridtnp.nn.grid_decoders import KernelInterpolationDecoder, KNNDecoder
+from gridtnp.nn.grid_decoders.knn import NeighbourCrossAttentionBlock, embed_offsets
 from gridtnp.nn.grids import Grid
 from gridtnp.nn.tokens import Latent, Tokens
 from gridtnp.registry import ConfigError, build_from_spec
@@ -367,3 +368,16 @@ def test_knn_distance_bias_matches_loop() -> None:
     ref = zt + ref
     ref = ref + block.mlp(block.norm2(ref))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_offsets_shared_by_every_task_are_embedded_once_with_the_same_values_and_gradients():
+    torch.manual_seed(0)
+    block = NeighbourCrossAttentionBlock(dim=32, heads=2, head_dim=8, mlp_dim=16, rel_dim=2, rel_values=True)
+    one_task = torch.randn(1, 7, 4, 2)
+    for offset in (one_task.expand(3, -1, -1, -1).contiguous(), torch.randn(3, 7, 4, 2)):
+        shared = embed_offsets(block.rel, offset)
+        grads = torch.autograd.grad(shared.square().sum(), list(block.rel.parameters()))
+        direct = block.rel(offset)
+        torch.testing.assert_close(shared, direct)
+        for g, h in zip(grads, torch.autograd.grad(direct.square().sum(), list(block.rel.parameters())), strict=True):
+            torch.testing.assert_close(g, h)

@@ -85,7 +85,8 @@ class NeighbourCrossAttentionBlock(CrossAttentionBlock):
         rows = (index + torch.arange(b, device=index.device).view(b, 1, 1) * m).view(b * nt, k)
         key_offset = value_offset = None
         if self.rel is not None:
-            rel = self.rel(offset.to(self.rel[0].weight.dtype)).view(b * nt, k, 1 + self.rel_values, *heads)
+            rel = embed_offsets(self.rel, offset.to(self.rel[0].weight.dtype))
+            rel = rel.reshape(b * nt, k, 1 + self.rel_values, *heads)
             key_offset = rel[:, :, 0]
             value_offset = rel[:, :, 1] if self.rel_values else None
         bias = None
@@ -253,6 +254,17 @@ class KNNDecoder(nn.Module):
             return index, valid, None
         g = grid.points(xt.device).reshape(-1, grid.ndim)[index]  # [B, Nt, K, d]
         return index, valid, grid.difference(xt.unsqueeze(-2), g) / xt.new_tensor(grid.spacing)
+
+
+def embed_offsets(embed: nn.Module, offset: Tensor) -> Tensor:
+    """``embed`` applied to the offsets ``[B, Nt, K, d]`` -> ``[B, Nt, K, E]``, once if every task shares them.
+
+    The tasks of a station batch target the same stations on the same grid, so their offsets are identical: one
+    task's embedding, broadcast over the batch, gives the same values for ``1 / B`` of the cost.
+    """
+    if offset.shape[0] > 1 and torch.equal(offset, offset[:1].expand_as(offset)):
+        return embed(offset[:1]).expand(offset.shape[0], *[-1] * (offset.dim() - 1))
+    return embed(offset)
 
 
 def offset_dim(grid: Grid | None, dim_x: int | None, where: str) -> int:
