@@ -1,15 +1,21 @@
 """The typed options of the residual's interpolation (``gridtnp.nn.residuals``): its per-place regression on the
 local shape of the interpolated sources (``regression:``) and its spreading of observation departures
-(``departures:``). Each parses the recipe's mapping once, fills its defaults and says what is wrong in one line.
+(``departures:``). Each is a frozen dataclass that checks its own values when built; ``parse`` turns a recipe's
+mapping into one (the boundary: recipes and jsonargparse pass plain mappings), and a one-line error names the key and
+what it allows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 WHERE = "residual 'interpolation'"  # how error messages name the component
+
+Options = TypeVar("Options", "Regression", "Departures")
 
 
 def number(value: Any, what: str, positive: bool = True) -> float:
@@ -31,58 +37,82 @@ def _integer(value: Any, what: str, low: int, high: int | None = None) -> int:
     return value
 
 
+def _parse(cls: type[Options], value: Any, key: str, required: str, example: str) -> Options | None:
+    """``value`` (None, an instance of ``cls`` or a recipe's mapping) as ``cls``, or a one-line error naming ``key``."""
+    if value is None or isinstance(value, cls):
+        return value
+    names = [f.name for f in dataclasses.fields(cls)]
+    allowed = f"{required} (required), " + ", ".join(n for n in names if n != required)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{WHERE}: {key} must be a mapping of {allowed} (e.g. {example}); got {value!r}.")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise ValueError(f"{WHERE}: {key} has no option {unknown[0]!r}; allowed: {allowed}.")
+    if required not in value:
+        raise ValueError(f"{WHERE}: {key} needs {required!r} (e.g. {example}); got {dict(value)!r}.")
+    return cls(**value)
+
+
 @dataclass(frozen=True)
 class Regression:
     """Per-place linear correction from the local shape of the coarse field (MOS-like).
 
-    sources: interpolated sources whose neighbourhood shape is regressed on.
     grid: lattice ``{lower, upper, shape}`` of the learned coefficients (a field over places).
+    sources: interpolated sources whose neighbourhood shape is regressed on (None: the first one).
     lr_scale: learning-rate multiplier of the coefficient table.
-    lengthscale: the shape's Gaussian weights per source (None: the interpolation's own, shared).
+    lengthscale: the shape's Gaussian weights, one or one per source (None: the interpolation's own, shared).
     degree: polynomial degree of the offsets' basis (1-4).
     position: degree of the basis in the target's position within its cell (0-4; 0: none).
     """
 
-    sources: tuple[str, ...]
-    grid: dict[str, Any]
+    grid: Mapping[str, Any]
+    sources: tuple[str, ...] | None = None
     lr_scale: float = 30.0
-    lengthscale: dict[str, float] | None = None
+    lengthscale: float | Mapping[str, float] | None = None
     degree: int = 2
     position: int = 0
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.grid, Mapping):
+            raise ValueError(f"{WHERE}: regression.grid must be a mapping {{lower, upper, shape}}; got {self.grid!r}.")
+        sources = self.sources
+        if sources is not None:
+            sources = (sources,) if isinstance(sources, str) else tuple(sources)
+            if not sources or not all(isinstance(s, str) for s in sources):
+                raise ValueError(f"{WHERE}: regression.sources must be a list of source names; got {self.sources!r}.")
+        object.__setattr__(self, "sources", sources)
+        object.__setattr__(self, "lr_scale", number(self.lr_scale, "regression.lr_scale"))
+        object.__setattr__(self, "degree", _integer(self.degree, "regression.degree", 1, 4))
+        object.__setattr__(self, "position", _integer(self.position, "regression.position", 0, 4))
+        scale = self.lengthscale
+        if isinstance(scale, Mapping):
+            scale = {s: number(v, f"regression.lengthscale of {s!r}") for s, v in scale.items()}
+        elif scale is not None:
+            scale = number(scale, "regression.lengthscale of every source")
+        object.__setattr__(self, "lengthscale", scale)
+
     @classmethod
-    def from_spec(cls, spec: Any, interpolated: list[str]) -> Regression:
-        """The checked options of a recipe's ``regression:`` mapping, for the interpolated ``sources``."""
-        allowed = {"sources", "grid", "lr_scale", "lengthscale", "degree", "position"}
-        if not isinstance(spec, dict) or "grid" not in spec or set(spec) - allowed:
+    def parse(cls, value: Regression | Mapping[str, Any] | None) -> Regression | None:
+        """A recipe's ``regression:`` mapping (or an instance, or None) as ``Regression``."""
+        example = "{sources: [grid], grid: {lower: [...], upper: [...], shape: [...]}, lr_scale: 30}"
+        return _parse(cls, value, "regression", "grid", example)
+
+    def for_sources(self, interpolated: list[str]) -> Regression:
+        """These options with ``sources`` and ``lengthscale`` resolved (``{source: l}`` or None) against the
+        ``interpolated`` sources of the residual."""
+        sources = self.sources if self.sources is not None else tuple(interpolated[:1])
+        if set(sources) - set(interpolated):
             raise ValueError(
-                f"{WHERE}: regression must be a mapping with 'grid' (the lattice of its coefficients) and optionally "
-                f"sources, lr_scale, lengthscale, degree and position (e.g. {{sources: [grid], grid: {{lower: [...], "
-                f"upper: [...], shape: [...]}}, lr_scale: 30, lengthscale: 0.75}}); got {spec!r}."
+                f"{WHERE}: regression.sources must be some of the interpolated sources {interpolated}; got "
+                f"{list(sources)!r}."
             )
-        sources = spec.get("sources", interpolated[:1])
-        sources = [sources] if isinstance(sources, str) else list(sources)
-        if not sources or set(sources) - set(interpolated):
+        scale = self.lengthscale
+        scales = dict(scale) if isinstance(scale, Mapping) else None if scale is None else dict.fromkeys(sources, scale)
+        if scales is not None and set(scales) != set(sources):
             raise ValueError(
-                f"{WHERE}: regression.sources must be some of the interpolated sources {interpolated}; got {sources!r}."
+                f"{WHERE}: regression.lengthscale must be one number or one per source {list(sources)}; got {scale!r}."
             )
-        lengthscale = None
-        if "lengthscale" in spec:
-            scale = spec["lengthscale"]
-            scales = dict(scale) if isinstance(scale, dict) else dict.fromkeys(sources, scale)
-            if set(scales) != set(sources):
-                raise ValueError(
-                    f"{WHERE}: regression.lengthscale must be one number or one per source {sources}; got {scale!r}."
-                )
-            lengthscale = {s: number(v, f"regression.lengthscale of {s!r}") for s, v in scales.items()}
-        return cls(
-            sources=tuple(sources),
-            grid=spec["grid"],
-            lr_scale=number(spec.get("lr_scale", cls.lr_scale), "regression.lr_scale"),
-            lengthscale=lengthscale,
-            degree=_integer(spec.get("degree", cls.degree), "regression.degree", 1, 4),
-            position=_integer(spec.get("position", cls.position), "regression.position", 0, 4),
-        )
+        return dataclasses.replace(self, sources=sources, lengthscale=scales)
 
 
 @dataclass(frozen=True)
@@ -99,29 +129,27 @@ class Departures:
     lengthscale: float = 0.5
     weight: float = 1.0
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str):
+            raise ValueError(f"{WHERE}: departures.source must be a context source's name; got {self.source!r}.")
+        object.__setattr__(self, "k", _integer(self.k, "departures.k", 1))
+        object.__setattr__(self, "lengthscale", number(self.lengthscale, "departures.lengthscale"))
+        object.__setattr__(self, "weight", number(self.weight, "departures.weight"))
+
     @classmethod
-    def from_spec(cls, spec: Any, interpolated: list[str], source_dims: dict[str, int], dim_y: int) -> Departures:
-        """The checked options of a recipe's ``departures:`` mapping."""
-        allowed = {"source", "k", "lengthscale", "weight"}
-        if not isinstance(spec, dict) or "source" not in spec or set(spec) - allowed:
-            raise ValueError(
-                f"{WHERE}: departures must be a mapping with 'source' and optionally k, lengthscale, weight "
-                f"(e.g. {{source: stations, k: 8, lengthscale: 0.5}}); got {spec!r}."
-            )
-        source = spec["source"]
-        if source not in source_dims or source in interpolated:
+    def parse(cls, value: Departures | Mapping[str, Any] | None) -> Departures | None:
+        """A recipe's ``departures:`` mapping (or an instance, or None) as ``Departures``."""
+        return _parse(cls, value, "departures", "source", "{source: stations, k: 8, lengthscale: 0.5}")
+
+    def check_source(self, interpolated: list[str], source_dims: dict[str, int], dim_y: int) -> None:
+        """Refuse a ``source`` that the model lacks, that is interpolated, or that has fewer than ``dim_y`` values."""
+        if self.source not in source_dims or self.source in interpolated:
             raise ValueError(
                 f"{WHERE}: departures.source must be a context source {sorted(source_dims)} not among the "
-                f"interpolated sources {interpolated}; got {source!r}."
+                f"interpolated sources {interpolated}; got {self.source!r}."
             )
-        if source_dims[source] < dim_y:
-            raise ValueError(f"{WHERE}: departures.source {source!r} has fewer value columns than Dy = {dim_y}.")
-        return cls(
-            source=source,
-            k=_integer(spec.get("k", cls.k), "departures.k", 1),
-            lengthscale=number(spec.get("lengthscale", cls.lengthscale), "departures.lengthscale"),
-            weight=number(spec.get("weight", cls.weight), "departures.weight"),
-        )
+        if source_dims[self.source] < dim_y:
+            raise ValueError(f"{WHERE}: departures.source {self.source!r} has fewer value columns than Dy = {dim_y}.")
 
 
 __all__ = ["Departures", "Regression", "number"]

@@ -30,7 +30,7 @@ the coarse field today) carries to its neighbours instead of only to its own loc
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -122,7 +122,7 @@ class InterpolationResidual(nn.Module):
             units) and ``alpha`` learned.
         spread_power: the initial ``alpha`` of ``spread``: 0 starts without effect, 1 with a std proportional to the
             day's spread.
-        regression: ``{sources: [...], grid: {lower, upper, shape}, lr_scale: 30}``: add
+        regression: ``{sources: [...], grid: {lower, upper, shape}, lr_scale: 30}`` (``Regression``'s fields): add
             ``sum_s a_s (c_s0(x) + sum_p c_sp(x) g_sp)`` to the mean, a per-place linear regression on the local shape
             of each named source's field (MOS): ``g_sp = sum_j w_j phi_p(o_j) (y_j - m_s)`` over the source's
             neighbours ``j``, with ``w_j`` their kernel weights within the source, ``m_s`` its weighted mean and
@@ -137,8 +137,9 @@ class InterpolationResidual(nn.Module):
             psi_q(u)`` with ``psi = [1, shape_basis(u)]``: for a coarse field of block averages, where the target
             sits in its block, which decides which neighbouring blocks share its sub-grid features, so one table
             serves every block layout as a refitted MOS serves its own.
-        departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}``: add the departures ``d_j = y_j - m(x_j)`` of
-            the ``k`` nearest points of ``source`` (not one of ``sources``) from the interpolation ``m``, weighted
+        departures: ``{source, k: 8, lengthscale: 0.5, weight: 1.0}`` (``Departures``' fields): add the
+            departures ``d_j = y_j - m(x_j)`` of the ``k`` nearest points of ``source`` (not one of ``sources``)
+            from the interpolation ``m``, weighted
             ``lambda_j = a_j / (1 + sum_i a_i)`` with ``a_j = w exp(-|xt - x_j|^2 / (2 l^2))`` (``l``, ``w``
             learned): near an observation with a large ``w`` the prediction is the observation, far from all of
             them the interpolation. This is GP conditioning (``gridtnp.nn.conditioning.rank_one_posterior``) with
@@ -154,12 +155,12 @@ class InterpolationResidual(nn.Module):
         lengthscale: float | dict[str, float] = 1.0,
         weight: float | dict[str, float] = 1.0,
         dim: int = 128,
-        departures: dict[str, Any] | None = None,
+        departures: Departures | Mapping[str, Any] | None = None,
         adaptive: bool = False,
         dim_x: int = 2,
         spread: str | None = None,
         spread_power: float = 0.0,
-        regression: dict[str, Any] | None = None,
+        regression: Regression | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         sources = [sources] if isinstance(sources, str) else list(sources)
@@ -179,8 +180,9 @@ class InterpolationResidual(nn.Module):
         self.weight = self._per_source(weight, "weight")
         self.log_lengthscale = nn.Parameter(torch.tensor([math.log(self.lengthscale[s]) for s in sources]))
         self.log_weight = nn.Parameter(torch.tensor([math.log(self.weight[s]) for s in sources]))
-        self.departures = None if departures is None else Departures.from_spec(departures, sources, source_dims, dim_y)
+        self.departures = Departures.parse(departures)  # a recipe's mapping becomes typed options here
         if self.departures is not None:
+            self.departures.check_source(sources, source_dims, dim_y)
             d = self.departures
             self.log_departure_scale = nn.Parameter(torch.tensor([math.log(d.lengthscale), math.log(d.weight)]))
         self.num_features = len(sources) + (0 if departures is None else 1 + 2 * dim_y)
@@ -210,7 +212,8 @@ class InterpolationResidual(nn.Module):
         if self.direction is not None:
             nn.init.zeros_(self.direction.weight)
             nn.init.zeros_(self.direction.bias)
-        self.regression = None if regression is None else Regression.from_spec(regression, sources)
+        regression = Regression.parse(regression)
+        self.regression = None if regression is None else regression.for_sources(sources)
         if self.regression is not None:
             spec = self.regression
             per_source = (1 + basis_size(dim_x, spec.degree)) * (1 + basis_size(dim_x, spec.position))

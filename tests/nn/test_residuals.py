@@ -10,6 +10,7 @@ from gridtnp.batch import Observations
 from gridtnp.models import build_model
 from gridtnp.models.specs import expand_spec
 from gridtnp.nn.monomials import basis_size, shape_basis
+from gridtnp.nn.residual_options import Departures, Regression
 from gridtnp.nn.residuals import InterpolationResidual, shift_mean
 from gridtnp.registry import ConfigError
 
@@ -228,7 +229,8 @@ def test_departures_spec_round_trip_and_errors():
     for bad, match in (
         ({"source": "grid"}, "not among the interpolated"),
         ({"source": "radar"}, "departures.source"),
-        ({"source": "stations", "kernel": "se"}, "departures must be a mapping"),
+        ({"source": "stations", "kernel": "se"}, "departures has no option 'kernel'; allowed: source \\(required"),
+        ({"k": 3}, "departures needs 'source'"),
         ({"source": "stations", "k": 0}, "departures.k"),
         ({"source": "stations", "lengthscale": -1.0}, "departures.lengthscale"),
     ):
@@ -465,8 +467,10 @@ def test_regression_leaves_observed_stations_and_round_trips():
     model({"grid": grid, "stations": stations}, torch.rand(2, 6, 2)).mean.sum().backward()
     assert model.residual.coefficients.table.grad.abs().sum() > 0
     for bad, match in (
-        ({"sources": ["grid"], "regression": {"sources": ["grid"]}}, "regression must be a mapping with 'grid'"),
-        ({"sources": ["grid"], "regression": {"grid": LATTICE, "order": 2}}, "regression must be a mapping"),
+        ({"sources": ["grid"], "regression": {"sources": ["grid"]}}, "regression needs 'grid'"),
+        ({"sources": ["grid"], "regression": {"grid": LATTICE, "order": 2}}, "regression has no option 'order'; al"),
+        ({"sources": ["grid"], "regression": 3}, "regression must be a mapping of grid \\(required\\), sources"),
+        ({"sources": ["grid"], "regression": {"grid": LATTICE, "degree": 9}}, "regression.degree must be an integer"),
         ({"sources": ["grid"], "regression": {"grid": LATTICE, "sources": ["stations"]}}, "regression.sources"),
         ({"sources": ["grid"], "regression": {"grid": LATTICE, "lr_scale": 0}}, "regression.lr_scale must be"),
         ({"sources": ["grid"], "regression": {"grid": LATTICE, "lengthscale": -1}}, "regression.lengthscale of"),
@@ -474,3 +478,20 @@ def test_regression_leaves_observed_stations_and_round_trips():
     ):
         with pytest.raises(ConfigError, match=match):
             residual_model(bad)
+
+
+def test_typed_options_check_themselves_and_equal_the_recipe_mapping():
+    """``Regression`` and ``Departures`` built in Python give the same residual as a recipe's mappings."""
+    regression = {"grid": LATTICE, "lengthscale": 2.0, "degree": 1}
+    departures = {"source": "stations", "k": 3}
+    built = []
+    for reg, dep in ((regression, departures), (Regression(**regression), Departures(**departures))):
+        torch.manual_seed(0)
+        built.append(InterpolationResidual(["coarse"], 1, {"coarse": 1, "stations": 1}, regression=reg, departures=dep))
+    assert built[0].regression == built[1].regression == Regression.parse(regression).for_sources(["coarse"])
+    assert built[0].regression.lengthscale == {"coarse": 2.0}
+    assert built[0].departures == built[1].departures == Departures("stations", k=3)
+    with pytest.raises(ValueError, match=r"^residual 'interpolation': regression.position must be an integer from 0"):
+        Regression(grid=LATTICE, position=7)
+    with pytest.raises(ValueError, match=r"^residual 'interpolation': departures.weight must be finite and > 0"):
+        Departures("stations", weight=0.0)
