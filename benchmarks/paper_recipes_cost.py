@@ -3,6 +3,11 @@ the recipe's batch size (the paper's 8), on inputs shaped like the recipe's task
 
     python benchmarks/paper_recipes_cost.py table4                  # recipes whose name starts with table4
     python benchmarks/paper_recipes_cost.py table3_cnp table3_vit_pt_16x16 --repeats 2 --threads 2
+    python benchmarks/paper_recipes_cost.py table3 --device cuda --warmup 3 --repeats 10 \
+        --out benchmarks/results/paper_recipes_cost_cuda_table3.md
+    python benchmarks/paper_recipes_cost.py --plan            # GPU-hours per table from the recorded results
+    python benchmarks/paper_recipes_cost.py --plan --write    # ... rendered into docs/reproduce.md
+    python benchmarks/paper_recipes_cost.py --plan --check    # exit 1 if docs/reproduce.md's section is stale
 
 Inputs per DataModule: ``SyntheticDataModule``: a batch drawn from the recipe's task itself (the 2-D GP tasks);
 ``StationReanalysisDataModule``: the coarse grid context of 180 x 360 one-degree block centres (64,800 points),
@@ -14,7 +19,11 @@ targets with every variable, uniform over the recipe's box and the window's four
 Forward: ``model.eval()`` under ``torch.no_grad()``. Training step: ``model.train()``, the negative mean
 log-likelihood, backward, gradient clipping at the recipe's value and one AdamW step. Each is called ``--warmup``
 times, then ``--repeats`` times; the median wall time is reported with the process CPU time of the same calls (on a
-shared machine the CPU time is the steadier figure). Results: a Markdown table and a CSV (``harness.Report``).
+shared machine the CPU time is the steadier figure; on CUDA the calls are synchronised and the CPU time is the
+host's). Results: a Markdown table and a CSV (``harness.Report``).
+
+``--plan`` measures nothing: it turns the paper's training steps and forward-pass times
+(``paper_training_budget.yaml``) and the recorded results into GPU-hours per row and table (``paper_gpu_hours``).
 """
 
 from __future__ import annotations
@@ -22,12 +31,14 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import harness
+import paper_gpu_hours
 import torch
 import yaml
 
@@ -88,24 +99,27 @@ def workload(config: dict[str, Any], g: torch.Generator) -> tuple[dict[str, Obse
     raise ValueError(f"no workload for {kind}")
 
 
-def timed(fn: Callable[[], None], warmup: int, repeats: int) -> tuple[float, float]:
-    """Median wall milliseconds and median process CPU milliseconds per call."""
+def timed(fn: Callable[[], None], warmup: int, repeats: int, device: torch.device) -> tuple[float, float]:
+    """Median wall milliseconds and median process CPU milliseconds per call (synchronised on CUDA)."""
     wall, cpu = [], []
     for i in range(warmup + repeats):
+        harness.synchronize(device)
         w0, c0 = time.perf_counter(), time.process_time()
         fn()
+        harness.synchronize(device)
         if i >= warmup:
             wall.append(1e3 * (time.perf_counter() - w0))
             cpu.append(1e3 * (time.process_time() - c0))
     return statistics.median(wall), statistics.median(cpu)
 
 
-def measure(path: Path, warmup: int, repeats: int) -> dict[str, Any]:
+def measure(path: Path, warmup: int, repeats: int, device: torch.device) -> dict[str, Any]:
     config = yaml.safe_load(path.read_text())
     spec = {k: v for k, v in config["model"]["init_args"].items() if k not in TRAINING_KEYS}
     torch.manual_seed(0)
-    model: NeuralProcess = build_model(spec)
+    model: NeuralProcess = build_model(spec).to(device)
     context, target = workload(config, torch.Generator().manual_seed(0))
+    context, target = {k: v.to(device) for k, v in context.items()}, target.to(device)
     optimiser = torch.optim.AdamW(model.parameters(), lr=float(config["model"]["init_args"].get("lr", 5e-4)))
     clip = config["trainer"].get("gradient_clip_val")
 
@@ -123,8 +137,8 @@ def measure(path: Path, warmup: int, repeats: int) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimiser.step()
 
-    fwd_ms, fwd_cpu = timed(forward, warmup, repeats)
-    step_ms, step_cpu = timed(step, warmup, repeats)
+    fwd_ms, fwd_cpu = timed(forward, warmup, repeats, device)
+    step_ms, step_cpu = timed(step, warmup, repeats, device)
     return {
         "recipe": path.name,
         "params": count_parameters(model),
@@ -139,22 +153,52 @@ def measure(path: Path, warmup: int, repeats: int) -> dict[str, Any]:
 MEASURED = ("forward_ms", "forward_cpu_ms", "steps_per_s", "step_cpu_ms")
 
 
-def main(argv: list[str] | None = None) -> None:
+def plan(write: bool, check: bool) -> int:
+    """Print the GPU-hours section; ``write`` renders it into docs/reproduce.md, ``check`` compares it (1: stale)."""
+    body = paper_gpu_hours.section()
+    if not (write or check):
+        print(body, end="")
+        return 0
+    doc = paper_gpu_hours.DOC
+    if paper_gpu_hours.update(doc, body, write=write):
+        return 0
+    if write:
+        print(f"rewrote the GPU-hours section of {doc.relative_to(paper_gpu_hours.ROOT)}")
+        return 0
+    print(f"stale GPU-hours section in {doc.relative_to(paper_gpu_hours.ROOT)}; run {paper_gpu_hours.COMMAND}")
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("prefixes", nargs="+", help="recipe file names (without .yaml) or prefixes, e.g. table4")
+    parser.add_argument("prefixes", nargs="*", help="recipe file names (without .yaml) or prefixes, e.g. table4")
+    parser.add_argument("--plan", action="store_true", help="GPU-hours per table from recorded results; no timing")
+    parser.add_argument("--write", action="store_true", help="--plan: render it into docs/reproduce.md")
+    parser.add_argument("--check", action="store_true", help="--plan: exit 1 if docs/reproduce.md's section is stale")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls of each of forward and training step")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls first")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads; default: torch's choice")
-    parser.add_argument("--out", type=Path, default=harness.RESULTS / "paper_recipes_cost_cpu.md")
+    parser.add_argument("--out", type=Path, help="default: results/paper_recipes_cost_<cpu|cuda>.md")
     args = parser.parse_args(argv)
+    if args.write or args.check or args.plan:
+        if args.prefixes or (args.write and args.check):
+            parser.error("--plan takes no recipes, and either --write or --check")
+        return plan(args.write, args.check)
+    if not args.prefixes:
+        parser.error("name the recipes to measure (file names or prefixes, e.g. table4), or pass --plan")
+    device = torch.device(args.device)
+    out = args.out or harness.RESULTS / f"paper_recipes_cost_{device.type}.md"
     if args.threads:
         torch.set_num_threads(args.threads)
     paths = sorted({p for prefix in args.prefixes for p in PAPER.glob(f"{prefix}*.yaml")})
     if not paths:
         parser.error(f"no recipe in {PAPER} starts with {args.prefixes}")
-    meta = harness.metadata(argparse.Namespace(**vars(args), bf16=False, compile=False), torch.device("cpu"))
+    meta = harness.metadata(argparse.Namespace(**vars(args), bf16=False, compile=False), device)
     meta.pop("memory", None)  # not measured here
     meta["timing"] = f"median of {args.repeats} calls after {args.warmup} warm-up calls; wall and process CPU time"
+    if device.type == "cuda":
+        meta["timing"] += ", torch.cuda.synchronize() around each"
     report = harness.Report("Cost of the paper recipes", meta)
 
     def cell(key: str, digits: int = 1) -> Callable[[dict[str, Any]], str]:
@@ -175,16 +219,17 @@ def main(argv: list[str] | None = None) -> None:
     }
     for path in paths:  # the table is rewritten after every recipe, so a stopped run keeps what it measured
         try:
-            row = measure(path, args.warmup, args.repeats)
+            row = measure(path, args.warmup, args.repeats, device)
         except (MemoryError, RuntimeError) as err:  # under a memory limit (ulimit -v), the row says so
             if not (isinstance(err, MemoryError) or harness.is_out_of_memory(err)):
                 raise
             row = {"recipe": path.name, "params": "", "batch": "", **dict.fromkeys(MEASURED, "out of memory")}
         print(row, flush=True)
         report.add(row)
-        for out in report.write(args.out, columns):
-            print(f"wrote {out}", flush=True)
+        for path_written in report.write(out, columns):
+            print(f"wrote {path_written}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
