@@ -158,8 +158,9 @@ def render(budget: dict[str, Any], tables: dict[str, list[Row]]) -> str:
         'out of memory; "at N M": measured on a model of N M parameters, over 10 % from the paper\'s size, before '
         "the recipe took the paper's size). A GPU run of `benchmarks/gpu_training.py` on a paper recipe, or of "
         "`benchmarks/paper_recipes_cost.py --device cuda`, replaces the estimate once its result file is under "
-        "`benchmarks/results/` and this section is rendered again. GPU h = steps x step time x trainings per row, "
-        "on the GPU the paper trained on (its appendix D; the FPT captions do not name the GPU that timed them). "
+        "`benchmarks/results/` and this section is rendered again. GPU h = steps x step time x trainings per row: "
+        "for an estimate, on the GPU the paper trained on (its appendix D; the FPT captions do not name the GPU "
+        "that timed them); for a measurement, on the GPU it names. "
         "Validation is not counted: the paper states no cadence; the last column is what the recipes' own cadence "
         "(`val_check_interval`, validation batches) adds at the FPT."
     )
@@ -170,21 +171,14 @@ def render(budget: dict[str, Any], tables: dict[str, list[Row]]) -> str:
         "| recipes' validation, h (not counted) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    all_h, all_fwd, all_val, all_measured = [], [], [], []
-    for name, rows in tables.items():
-        table = budget["tables"][name]
-        hours, fwd = _sum([r.hours for r in rows]), sum(r.forward_hours for r in rows)
-        val = _sum([r.validation_h for r in rows])
-        measured = sum(r.hours or 0.0 for r in rows if r.measured)
-        all_h.append(hours), all_fwd.append(fwd), all_val.append(val), all_measured.append(measured)
+    every = [r for rows in tables.values() for r in rows]
+    for name, rows in [*tables.items(), ("all", every)]:
+        table = budget["tables"].get(name, {"title": "all", "gpu": "", "runs": ""})
         lines.append(
-            f"| {table['title'].split(':')[0]} | {table['gpu']} | {len(rows)} | {table['runs']} | {_h(hours)} "
-            f"| {_h(measured)} | {_h(fwd)} | {_h(val)} |"
+            f"| {table['title'].split(':')[0]} | {table['gpu']} | {len(rows)} | {table['runs']} "
+            f"| {_h(_sum([r.hours for r in rows]))} | {_h(sum(r.hours or 0.0 for r in rows if r.measured))} "
+            f"| {_h(sum(r.forward_hours for r in rows))} | {_h(_sum([r.validation_h for r in rows]))} |"
         )
-    lines.append(
-        f"| all | | {n_rows} | | {_h(_sum(all_h))} | {_h(sum(all_measured))} | {_h(sum(all_fwd))} "
-        f"| {_h(_sum(all_val))} |"
-    )
     for name, rows in tables.items():
         table = budget["tables"][name]
         runs = f"; {table['runs']} trainings per row, {table['runs_source']}" if table["runs"] > 1 else ""

@@ -80,7 +80,11 @@ def test_gpu_measurement_replaces_the_cpu_ratio_estimate(gpu_hours, tmp_path: Pa
             "table4": {
                 "title": "Table 4: test",
                 "steps": 1000,
+                "steps_source": "App. X: a sentence",
+                "gpu": "A100",
+                "gpu_source": "App. D: a sentence",
                 "runs": 2,
+                "runs_source": "one per length-scale",
                 "rows": {
                     "table4_tnp": {"fpt_ms": 17, "params_m": 0.60},
                     "table4_swin_pt_32x32": {"fpt_ms": 33, "params_m": 1.32},
@@ -88,8 +92,13 @@ def test_gpu_measurement_replaces_the_cpu_ratio_estimate(gpu_hours, tmp_path: Pa
             }
         }
     }
-    (tnp, swin) = gpu_hours.plan(budget, gpu_hours.cpu_ratios(tmp_path), gpu_hours.gpu_steps(tmp_path))["table4"]
+    tables = gpu_hours.plan(budget, gpu_hours.cpu_ratios(tmp_path), gpu_hours.gpu_steps(tmp_path))
+    tnp, swin = tables["table4"]
     assert tnp.measured is None and tnp.step_ms == pytest.approx(17 * 3.0)
     assert tnp.hours == pytest.approx(1000 * 51.0 * 2 / 3.6e6)
     assert swin.measured == "NVIDIA H200, `gpu_training_table4_h200.csv`" and swin.step_ms == 72.0
     assert swin.ratio == pytest.approx(2.5)
+    text = gpu_hours.render(budget, tables)
+    assert "| `table4_tnp` | 1,000 | 17 | 3.00 | 51.0 | estimate | 0.0 |" in text
+    assert "| `table4_swin_pt_32x32` | 1,000 | 33 | 2.50 | 72.0 | measured: NVIDIA H200" in text
+    assert "the training-step time of 1 of the 2 rows" in " ".join(text.split())
