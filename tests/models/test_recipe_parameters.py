@@ -39,6 +39,7 @@ RECIPE_PARAMETERS = {
     # regression: 33 x 49 x 60 coefficients, 10 shape terms up to cubic x 6 position monomials, and 1 lengthscale),
     # kriging (33 x 49 x 16 place features and 4 scales)
     "era5_swin_global.yaml": 2267010,
+    "era5_swin_joint.yaml": 713943,  # era5_swin.yaml - kriging (25,876) + the rank-16 factor in the head (64 x 16 + 16)
     "era5_vit.yaml": 344578,
     "era5_wind_swin.yaml": 2232196,
     "gp1d_cnp.yaml": 132738,
