@@ -52,6 +52,19 @@ def test_joint_log_density_equals_a_dense_multivariate_normal_on_a_masked_batch(
     assert torch.isfinite(torch.autograd.grad(per_point.sum(), dist.factor)[0]).all()
 
 
+def test_the_marginal_mean_gradient_keeps_the_joint_value_and_fits_the_mean_by_the_marginals() -> None:
+    dist = lowrank(dim_y=1)
+    y = torch.randn(3, 5, 1)
+    split = LowRankNormal(dist.loc, dist.factor, dist.diag, "marginal")
+    value = split.objective(y, MASK)
+    assert torch.allclose(value, dist.joint_log_prob(y, MASK))
+    loc_grad, factor_grad = torch.autograd.grad(value.sum(), [dist.loc, dist.factor])
+    residual = torch.where(MASK.unsqueeze(-1), (y - dist.loc) / dist.stddev.square(), 0.0)
+    assert torch.allclose(loc_grad, residual.detach(), atol=1e-5)  # d/dmean of the marginals, std held fixed
+    fixed = LowRankNormal(dist.loc.detach(), dist.factor, dist.diag).joint_log_prob(y, MASK)
+    assert torch.allclose(factor_grad, torch.autograd.grad(fixed.sum(), dist.factor)[0], atol=1e-6)
+
+
 def test_a_rank_zero_factor_gives_the_independent_gaussian() -> None:
     loc, var = torch.randn(2, 4, 1), torch.rand(2, 4, 1) + 0.1
     joint = LowRankNormal(loc, torch.zeros(2, 4, 1, 2), var)

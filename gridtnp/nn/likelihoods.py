@@ -129,6 +129,8 @@ class LowRankGaussianLikelihood(nn.Module):
     ``[Dy, rank]`` (scaled by ``1 / sqrt(rank)``); two targets covary by the dot product of their rows, so a
     sample of all targets is coherent (``gridtnp.nn.lowrank_normal``). Trained by the task's joint log-density,
     reported per target point as the independent Gaussian's. Not with ``kriging`` (its layer is per point).
+    ``mean_gradient: marginal`` (default) fits the mean by the marginal densities and the covariance by the joint
+    one at that mean (``LowRankNormal.objective``; the loss's value is the joint log-density either way).
 
     Args:
         dim: token width D of the target tokens.
@@ -137,6 +139,7 @@ class LowRankGaussianLikelihood(nn.Module):
         hidden: hidden width of the MLP head; null for ``dim``.
         layers: number of linear layers of the MLP head.
         min_noise: lower bound on the diagonal variance; > 0 (it keeps the covariance invertible).
+        mean_gradient: ``marginal`` or ``joint``: what trains the mean (see above).
     """
 
     joint = True
@@ -149,18 +152,21 @@ class LowRankGaussianLikelihood(nn.Module):
         hidden: int | None = None,
         layers: int = 3,
         min_noise: float = 1e-4,
+        mean_gradient: str = "marginal",
     ) -> None:
         super().__init__()
+        if mean_gradient not in ("marginal", "joint"):
+            raise ValueError(f"lowrank_gaussian: mean_gradient must be marginal or joint; got {mean_gradient!r}.")
         if rank < 1 or min_noise <= 0:
             raise ValueError(f"lowrank_gaussian likelihood: needs rank >= 1 and min_noise > 0; got {rank}, {min_noise}")
         self.head = mlp(dim, dim_y * (2 + rank), hidden or dim, layers)
-        self.dim_y, self.rank, self.min_noise = dim_y, rank, min_noise
+        self.dim_y, self.rank, self.min_noise, self.mean_gradient = dim_y, rank, min_noise, mean_gradient
 
     def forward(self, z: Tensor) -> LowRankNormal:
         out = self.head(z).float()
         mean, raw = out[..., : 2 * self.dim_y].chunk(2, dim=-1)
         factor = out[..., 2 * self.dim_y :].unflatten(-1, (self.dim_y, self.rank)) / self.rank**0.5
-        return LowRankNormal(mean, factor, F.softplus(raw) + self.min_noise)
+        return LowRankNormal(mean, factor, F.softplus(raw) + self.min_noise, self.mean_gradient)
 
 
 def log_likelihood(dist: Normal, y: Tensor, mask: Tensor) -> Tensor:
@@ -171,7 +177,7 @@ def log_likelihood(dist: Normal, y: Tensor, mask: Tensor) -> Tensor:
     covariance).
     """
     if isinstance(dist, LowRankNormal):
-        return dist.joint_log_prob(y, mask) / mask.sum(-1).clamp(min=1)
+        return dist.objective(y, mask) / mask.sum(-1).clamp(min=1)
     y = torch.where(mask.unsqueeze(-1), y.float(), dist.mean.detach())  # padded / NaN y never reach log_prob
     logp = dist.log_prob(y).sum(-1) * mask
     return logp.sum(-1) / mask.sum(-1).clamp(min=1)

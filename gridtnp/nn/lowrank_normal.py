@@ -7,6 +7,12 @@ per-point metric and plot reads it as the independent Gaussian of its marginals,
 (``joint_log_prob``: Woodbury identity and matrix determinant lemma, O(K R^2)) and joint samples (``draw``).
 Padded targets are removed exactly: their factor rows are zeroed and their diagonal set to 1, so they add nothing
 to the quadratic form or the log-determinant, and their ``log(2 pi)`` constant is not counted.
+
+``objective`` (the training loss's) has the value of the joint log-density; with ``mean_gradient="marginal"`` its
+gradient reaches the mean only through the marginal densities (weighted least squares) and the covariance only
+through the joint density at the fixed mean. Both parts are proper (maximised by the true mean and covariance), and
+the mean learns as fast as an independent Gaussian's: with the joint gradient, a smooth error of the mean is
+explained as correlated noise by the low-rank part, which slows the mean's fit.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ class LowRankNormal(Normal):
     """Joint Gaussian over a task's targets: ``loc, diag [B, N, Dy]`` (mean, diagonal variance), ``factor
     [B, N, Dy, R]``; its ``Normal`` parameters are the marginals."""
 
-    def __init__(self, loc: Tensor, factor: Tensor, diag: Tensor, validate_args: bool | None = None) -> None:
-        self.factor, self.diag = factor, diag
-        super().__init__(loc, (diag + factor.square().sum(-1)).sqrt(), validate_args=validate_args)
+    def __init__(self, loc: Tensor, factor: Tensor, diag: Tensor, mean_gradient: str = "joint") -> None:
+        if mean_gradient not in ("joint", "marginal"):
+            raise ValueError(f"mean_gradient must be 'joint' or 'marginal'; got {mean_gradient!r}.")
+        self.factor, self.diag, self.mean_gradient = factor, diag, mean_gradient
+        super().__init__(loc, (diag + factor.square().sum(-1)).sqrt())
 
     @property
     def rank(self) -> int:
@@ -37,9 +45,9 @@ class LowRankNormal(Normal):
         """The joint predictive of ``loc + (y - mean) * scale``: mean ``loc [B, N, Dy]``, each component's
         deviation times ``scale`` (broadcastable to ``[B, N, Dy]``; the covariance becomes ``S C S``)."""
         if scale is None:
-            return LowRankNormal(loc, self.factor, self.diag)
+            return LowRankNormal(loc, self.factor, self.diag, self.mean_gradient)
         scale = scale.to(self.diag.dtype).expand_as(self.diag)
-        return LowRankNormal(loc, self.factor * scale.unsqueeze(-1), self.diag * scale.square())
+        return LowRankNormal(loc, self.factor * scale.unsqueeze(-1), self.diag * scale.square(), self.mean_gradient)
 
     def _masked(self, y: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Residual ``[B, K]``, factor ``[B, K, R]``, diagonal ``[B, K]`` with padded components removed."""
@@ -64,6 +72,17 @@ class LowRankNormal(Normal):
         log_det = 2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1) + diag.log().sum(-1)
         count = mask.sum(-1) * self.loc.shape[-1]
         return -0.5 * (quadratic + log_det + count * _LOG_2PI)
+
+    def objective(self, y: Tensor, mask: Tensor) -> Tensor:
+        """The joint log-density ``[B]`` as a training objective: its value, with the gradient ``mean_gradient``
+        says (see the module)."""
+        if self.mean_gradient == "joint" or not torch.is_grad_enabled():
+            return self.joint_log_prob(y, mask)
+        joint = LowRankNormal(self.loc.detach(), self.factor, self.diag).joint_log_prob(y, mask)
+        keep = mask.unsqueeze(-1).expand_as(self.loc)
+        y = torch.where(keep, y.float(), self.loc.detach())
+        marginal = torch.where(keep, Normal(self.loc, self.scale.detach()).log_prob(y), 0.0).sum((-2, -1))
+        return joint + marginal - marginal.detach()
 
     def covariance(self, mask: Tensor | None = None) -> Tensor:
         """Dense covariance ``[B, K, K]`` of the flattened components (padded ones: identity rows), for tests."""
@@ -94,7 +113,8 @@ def concatenate(parts: Sequence[Normal]) -> Normal:
     """Predictives of consecutive target chunks ``[B, N_i, Dy]`` joined along the targets: exact for a
     ``LowRankNormal`` too, as each target's factor row depends on that target alone."""
     if all(isinstance(p, LowRankNormal) for p in parts):
-        return LowRankNormal(*(torch.cat([getattr(p, k) for p in parts], 1) for k in ("loc", "factor", "diag")))
+        joined = (torch.cat([getattr(p, k) for p in parts], 1) for k in ("loc", "factor", "diag"))
+        return LowRankNormal(*joined, parts[0].mean_gradient)
     return Normal(torch.cat([p.mean for p in parts], 1), torch.cat([p.stddev for p in parts], 1))
 
 
