@@ -15,7 +15,7 @@ from gridtnp import NeuralProcessModule
 from gridtnp.calibration import VarianceCalibration
 from gridtnp.data.datamodules import SyntheticDataModule
 from gridtnp.data.sections import LoaderConfig
-from gridtnp.inference.predictions import PredictionWriter
+from gridtnp.inference.predictions import PredictionWriter, predict
 from gridtnp.joint_metrics import JointScores, energy_score, regional_mean, variogram_score
 from gridtnp.nn.likelihoods import LowRankGaussianLikelihood, log_likelihood
 from gridtnp.nn.lowrank_normal import LowRankNormal, concatenate, draw_samples
@@ -198,3 +198,31 @@ def test_test_logs_the_joint_scores_and_predict_writes_joint_samples(name: str, 
         assert ds["mean_sample"].shape == (8, 12, 1, 5) and ds["sample"].attrs["standard_name"] == "realization"
         assert np.isfinite(ds["mean_sample"].values).all()
         assert not np.allclose(ds["mean_sample"].values[..., 0], ds["mean_sample"].values[..., 1])
+
+
+@pytest.mark.filterwarnings("ignore:predict. the gridded context:UserWarning")  # a small box on purpose
+def test_the_python_predict_api_writes_joint_samples_in_physical_units() -> None:
+    torch.manual_seed(0)
+    module = NeuralProcessModule(
+        dim_x=2, dim_y={"grid": 1, "stations": 1}, target_source="stations", dim=16, encoder={"name": "mlp"},
+        grid_encoder={"name": "identity"}, processor={"name": "transformer", "layers": 1},
+        grid_decoder={"name": "cross_attention"}, likelihood={"name": "lowrank_gaussian", "rank": 4},
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    time = np.array(["2019-03-01", "2019-03-02"])
+    grid = xr.DataArray(
+        280 + rng.standard_normal((2, 3, 4)), dims=("time", "latitude", "longitude"),
+        coords={"time": time, "latitude": [50.0, 51.0, 52.0], "longitude": [-2.0, -1.0, 0.0, 1.0]},
+    )  # fmt: skip
+    stations = xr.DataArray(
+        280 + rng.standard_normal((2, 5)), dims=("time", "station"),
+        coords={"time": time, "latitude": ("station", rng.uniform(50, 52, 5)),
+                "longitude": ("station", rng.uniform(-2, 1, 5))},
+    )  # fmt: skip
+    stats = {"grid": (280.0, 2.0), "stations": (280.0, 2.0)}
+    out = predict(module, {"grid": grid, "stations": stations}, stations.isel(time=0, drop=True), stats=stats,
+                  target_stats=(280.0, 2.0), batch_dim="time", samples=200)  # fmt: skip
+    assert out["mean_sample"].dims == (*out["mean"].dims, "sample") and out.sizes["sample"] == 200
+    draws = out["mean_sample"].values  # kelvin: the mean's units, its spread the predictive's
+    np.testing.assert_allclose(draws.mean(-1), out["mean"].values, atol=0.5 * float(out["std"].max()))
+    np.testing.assert_allclose(draws.std(-1), out["std"].values, rtol=0.25)

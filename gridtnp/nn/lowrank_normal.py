@@ -61,6 +61,10 @@ class LowRankNormal(Normal):
 
     def joint_log_prob(self, y: Tensor, mask: Tensor) -> Tensor:
         """Joint log-density ``[B]`` of the valid targets' ``y [B, N, Dy]`` (``mask [B, N]``, True: a real target)."""
+        with torch.autocast(self.loc.device.type, enabled=False):  # float32 under bf16 autocast too
+            return self._joint_log_prob(y, mask)
+
+    def _joint_log_prob(self, y: Tensor, mask: Tensor) -> Tensor:
         residual, factor, diag = self._masked(y, mask)
         scaled = factor / diag.unsqueeze(-1)  # D^-1 W  [B, K, R]
         eye = torch.eye(self.rank, device=diag.device, dtype=diag.dtype)
