@@ -10,6 +10,11 @@ it over happen while holding it, and two processes never both take one.
 * ``claim_version(root)``: the next free ``version_N`` folder under ``root``, created atomically (a run's own).
 * ``locked_output(path, what)``: a context manager holding ``.<name>.lock`` beside ``path`` (``gridtnp data
   prepare --out``), or a ``ConfigError`` naming the process that writes there.
+
+Written on ``fcntl`` rather than ``filelock``: a released lock file is removed (so no stale file is left behind),
+which with ``filelock`` would let a waiter hold the ``flock`` of a removed file unless it re-checks the inode on a
+descriptor ``filelock`` keeps private; and the owner line, read and rewritten while holding the ``flock``, is what
+tells a live holder from a stale one (a file written by hand, or by a dead process).
 """
 
 from __future__ import annotations

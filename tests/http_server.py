@@ -5,6 +5,10 @@ benchmark reading through fsspec (``http://127.0.0.1:PORT/store.zarr``, or a fil
 * ``LocalHTTPServer(folder, latency=0.05)``: a context manager; ``url(name)`` is the address of ``folder/name``,
   ``requests`` lists the paths requested (GET and HEAD) and ``most_in_flight`` the most served at once, for tests
   that count reads.
+
+The standard library's server, not pytest-httpserver: that one answers registered requests, so serving a folder
+would keep a handler of its own, and on werkzeug it serves ``Range`` GETs about 1.5 times slower
+(``benchmarks/library_speed.py --cases http_server``); the benchmarks use this server too.
 """
 
 from __future__ import annotations

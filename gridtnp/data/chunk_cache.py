@@ -56,6 +56,8 @@ class ChunkCache:
         self._ds: xr.Dataset | None = None
         self._pid: int | None = None
         self._bounds: dict[str, np.ndarray] = {}
+        # An OrderedDict, not cachetools.LRUCache: a read may need more chunks than ``capacity`` (all are kept until
+        # its fields are assembled), and the bookkeeping costs half as much (benchmarks/library_speed.py chunk_lru).
         self._lru: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self.reads, self.hits, self.loaded = 0, 0, []
 

@@ -96,6 +96,8 @@ def mixed_kernel_matrix(
 def jittered_cholesky(cov: Tensor, jitter: float, tries: int = 4) -> tuple[Tensor, Tensor]:
     """Cholesky factor of ``cov + jitter I`` ``[B, N, N]``, and that jittered matrix; the jitter grows
     tenfold (for the whole batch) if a factorisation fails."""
+    # Not linear_operator's psd_safe_cholesky: it does not return the jitter it adds (the oracle log-likelihood needs
+    # the matrix factorised), and it is slower when the jitter must grow (benchmarks/library_speed.py).
     eye = torch.eye(cov.shape[-1], dtype=cov.dtype)
     for _ in range(tries):
         jittered = cov + jitter * eye
