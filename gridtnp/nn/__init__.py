@@ -4,7 +4,8 @@
 (and, optionally, ``residuals``: the mean as a context interpolation plus what the network predicts, and
 ``kriging``: the predictive conditioned on one source's departures by a closed-form GP layer).
 Layers they share: ``attention`` (plain and translation-equivariant attention, the pre-norm blocks), ``grids``
-(coordinates, index arithmetic, kernels), ``chunking`` (bounded-memory pairwise work) and ``tokens`` (the
+(coordinates, index arithmetic, kernels), ``chunking`` (bounded-memory pairwise work), ``conditioning`` (GP
+conditioning of departures: ``kriging``, ``mos_kriging`` and the residual's ``departures``) and ``tokens`` (the
 containers passed between stages). Model families (TE-TNPs, MSA/TFS, ...) are presets over these stages
 (``gridtnp.models.presets``), not modules of their own.
 """
