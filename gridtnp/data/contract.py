@@ -31,6 +31,7 @@ OPTIONAL_ATTRIBUTES: dict[str, str] = {
     "task": "plots (the task's true posterior, task.posterior, when it has one)",
     "describe": "NeuralProcessModule.on_fit_start (one line on the data, printed)",
     "batch_size": "gridtnp.training.run_scale (tasks per step, reported)",
+    "train_batches": "gridtnp.training.run_scale (global batches per training epoch, reported)",
     "target_box": "NeuralProcessModule.setup (a table of places, as the mos decoders have, covers the targets)",
 }
 
@@ -65,6 +66,7 @@ class GridDataModule(L.LightningDataModule):
         geographic: inputs are (latitude, longitude) in degrees, drawn as maps by the plots.
         task: a ``Task``; plots draw its ``posterior`` (a GP task's) beside the prediction when it has one.
         batch_size: tasks per batch (reported with the run's scale); None: not reported.
+        train_batches: global training batches per epoch, shared by the ranks (reported); None: not reported.
         predictions_to_xarray: ``(outputs: list[dict]) -> xarray.Dataset``, the predictions in physical units with
             coordinates for ``gridtnp predict``; None: the raw tensors are written per task.
         target_box: after ``setup``, ``{"axes": names, "targets": (lower, upper), "grid": (lower, upper)}``: the
@@ -76,6 +78,7 @@ class GridDataModule(L.LightningDataModule):
     geographic: bool = False
     task: Task | None = None
     batch_size: int | None = None
+    train_batches: int | None = None
     predictions_to_xarray: Callable[[list[dict[str, Any]]], Any] | None = None
     target_box: dict[str, Any] | None = None
 

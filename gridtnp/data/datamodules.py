@@ -10,13 +10,16 @@ tasks on the fly.
 
 Seeding, so that a rerun with the same ``seed`` sees exactly the same data:
 
-* training batch ``i`` of epoch ``e`` on global rank ``r`` comes from a generator seeded with
-  ``(seed, "train", r, e, i)``; dataloader worker ``w`` of ``W`` produces batches ``i = w, w + W, ...``, so ranks
-  and workers draw distinct tasks, and the epoch's batches do not depend on the number of workers;
+* an epoch is ``train_batches`` global batches: rank ``r`` of ``n`` trains on global batches ``g = r, r + n, ...``,
+  ``ceil(train_batches / n)`` of them (the ranks step together, so the last round is completed with fresh batches);
+  global batch ``g`` of epoch ``e`` comes from a generator seeded with ``(seed, "train", 0, e, g)``, so an epoch
+  draws the same tasks at any world size (one rank: the same as before ranks shared epochs); dataloader worker
+  ``w`` of ``W`` produces a rank's batches ``w, w + W, ...``, so the batches do not depend on the number of workers;
 * validation / test batch ``i`` comes from ``(seed, "val" | "test", i)``: fixed sets, identical for any number of
-  workers; with several ranks, rank ``r`` of ``n`` evaluates batches ``r, r + n, ...`` (``ShardSampler``), so every
-  batch is evaluated exactly once and the metrics reduced across ranks equal the metrics over the whole set
-  (Lightning's default DistributedSampler would pad the shards by repeating batches).
+  workers and ranks; ``limit_val_batches`` / ``limit_test_batches`` keep the first batches of the whole set
+  (``gridtnp.data.eval_limits``); with several ranks, rank ``r`` of ``n`` evaluates batches ``r, r + n, ...``
+  (``ShardSampler``), so every batch is evaluated exactly once and the metrics reduced across ranks equal the
+  metrics over the whole set (Lightning's default DistributedSampler would pad the shards by repeating batches).
 
 Resuming: the training loader is stateful (``state_dict`` / ``load_state_dict``, saved by Lightning in the
 checkpoint): it records the epoch and how many of its batches training has consumed, and a resumed run continues
@@ -36,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from gridtnp.batch import Batch
 from gridtnp.data.contract import GridDataModule
+from gridtnp.data.eval_limits import limit_globally
 from gridtnp.data.freed_memory import worker_init
 from gridtnp.data.sections import LoaderConfig, plain, section
 from gridtnp.data.tasks import Task
@@ -54,11 +58,16 @@ def generator_from(*parts: object) -> torch.Generator:
 
 
 class TrainTaskStream(IterableDataset):
-    """Endless-task training data: ``num_batches`` whole batches per epoch, fresh each epoch and rank."""
+    """Endless-task training data: ``num_batches`` global batches per epoch, shared by ``world_size`` ranks, fresh
+    each epoch; this rank's share is global batches ``rank, rank + world_size, ...``."""
 
-    def __init__(self, task: Task, batch_size: int, num_batches: int, seed: int = 0, rank: int = 0) -> None:
+    def __init__(
+        self, task: Task, batch_size: int, num_batches: int, seed: int = 0, rank: int = 0, world_size: int = 1
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"TrainTaskStream: rank {rank} is not one of the {world_size} ranks (0 to world_size-1).")
         self.task, self.batch_size, self.num_batches = task, batch_size, num_batches
-        self.seed, self.rank = seed, rank
+        self.seed, self.rank, self.world_size = seed, rank, world_size
         # (epoch, first batch index of the next iteration) in shared memory: persistent DataLoader workers, which
         # keep their copy of this stream (and their open store and chunk cache) across epochs, read them from here.
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -85,17 +94,20 @@ class TrainTaskStream(IterableDataset):
         self.epoch = int(epoch)
 
     def generator(self, index: int, epoch: int | None = None) -> torch.Generator:
-        """The generator for batch ``index`` of ``epoch`` (default: the current one) on this rank."""
-        return generator_from(self.seed, "train", self.rank, self.epoch if epoch is None else epoch, index)
+        """The generator for this rank's batch ``index`` of ``epoch`` (default: the current one)."""
+        epoch = self.epoch if epoch is None else epoch
+        # The 0 stands where the rank was when each rank drew its own epoch: one rank keeps its old tasks.
+        return generator_from(self.seed, "train", 0, epoch, self.rank + self.world_size * index)
 
     def __len__(self) -> int:
-        return self.num_batches
+        """This rank's batches per epoch: ``ceil(num_batches / world_size)``."""
+        return -(-self.num_batches // self.world_size)
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         epoch, start = self.epoch, self.start
-        for index in range(start + worker, self.num_batches, workers):
+        for index in range(start + worker, len(self), workers):
             yield self.task.sample(self.batch_size, self.generator(index, epoch))
 
 
@@ -170,7 +182,8 @@ class _EpochLoader(DataLoader):
         return super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
-        """Where the training stream stands: ``seed``, ``epoch``, batches ``consumed`` of ``num_batches``."""
+        """Where the training stream stands: ``seed``, ``epoch``, batches ``consumed`` on each rank of ``num_batches``
+        global ones, ``world_size``."""
         consumed = self._consumed_fn()
         stream = self.dataset
         return {
@@ -178,6 +191,7 @@ class _EpochLoader(DataLoader):
             "epoch": int(stream.epoch),
             "consumed": int(stream.start if consumed is None else consumed),
             "num_batches": int(stream.num_batches),
+            "world_size": int(stream.world_size),
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -189,7 +203,9 @@ class _EpochLoader(DataLoader):
                 "the remaining tasks are drawn with the new seed."
             )
         epoch, consumed = int(state["epoch"]), int(state["consumed"])
-        self._resume_at = (epoch + 1, 0) if consumed >= stream.num_batches else (epoch, consumed)
+        # At another world size the ranks go on after the global batches consumed (rounded up to whole rounds).
+        consumed = -(-consumed * int(state.get("world_size", 1)) // stream.world_size)
+        self._resume_at = (epoch + 1, 0) if consumed >= len(stream) else (epoch, consumed)
 
 
 #: The synthetic DataModule's loader defaults: 1,000 training batches, fixed sets of 32 and 64 batches.
@@ -212,6 +228,7 @@ class TaskDataModule(GridDataModule, ABC):
         self.batch_size, self.seed, self.num_workers = self.loader.batch_size, self.loader.seed, self.loader.num_workers
         self.train_batches, self.val_batches = self.loader.train_batches, self.loader.val_batches
         self.test_batches = self.loader.test_batches
+        self._eval_limits: dict[str, float] = {}  # fractional evaluation limits taken over from the trainer
 
     @abstractmethod
     def split_task(self, split: str) -> Task:
@@ -233,8 +250,9 @@ class TaskDataModule(GridDataModule, ABC):
         return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def train_dataset(self) -> TrainTaskStream:
-        """The training stream of this process's global rank."""
-        return TrainTaskStream(self.split_task("train"), self.batch_size, self.train_batches, self.seed, self._rank())
+        """This global rank's share of the training stream (``train_batches`` global batches an epoch)."""
+        task, world = self.split_task("train"), self._world_size()
+        return TrainTaskStream(task, self.batch_size, self.train_batches, self.seed, self._rank(), world)
 
     def eval_dataset(self, split: str) -> FixedTaskSet:
         """The whole fixed ``"val"`` or ``"test"`` set (the same on every rank; the loader shards it)."""
@@ -263,13 +281,14 @@ class TaskDataModule(GridDataModule, ABC):
     def eval_dataloader(self, split: str) -> DataLoader:
         """The ``"val"`` or ``"test"`` loader; with several ranks, this rank's shard (``ShardSampler``)."""
         dataset, world = self.eval_dataset(split), self._world_size()
+        dataset = limit_globally(dataset, self.trainer, self._eval_limits)
         sampler = None
         if world > 1:
             if 0 < len(dataset) < world:
                 raise ConfigError(
-                    f"{type(self).__name__}: the {split} set has {len(dataset)} batch(es), fewer than the {world} "
-                    f"ranks; every rank must evaluate a batch: raise {split}_batches (or, for sets that cover dates, "
-                    "lower batch_size or raise eval_draws), or use 0 batches."
+                    f"{type(self).__name__}: the {split} set has {len(dataset)} batch(es) (after the trainer's limit), "
+                    f"fewer than the {world} ranks; every rank must evaluate a batch: raise {split}_batches or "
+                    f"limit_{split}_batches (or, for sets that cover dates, lower batch_size or raise eval_draws)."
                 )
             sampler = ShardSampler(dataset, world, self._rank())
         # Persistent workers: each validation run reuses the workers (their open store, tables and chunk cache)

@@ -58,7 +58,7 @@ class LoaderConfig:
 
     Args:
         batch_size: tasks per batch.
-        train_batches: batches per training epoch (per rank; split across workers).
+        train_batches: batches per training epoch over all ranks (each rank trains on its share, rounded up).
         val_batches: batches in the fixed validation set (DataModules whose evaluation covers dates ignore it).
         test_batches: batches in the fixed test set (likewise).
         seed: base seed of every split.

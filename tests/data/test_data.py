@@ -348,10 +348,10 @@ def test_datamodule_val_and_test_sets_are_fixed() -> None:
 
 def test_train_stream_differs_by_rank_and_epoch_and_is_reproducible() -> None:
     task = GP1D(max_context=10, num_targets=10)
-    rank0, rank1 = TrainTaskStream(task, 2, 3, seed=0, rank=0), TrainTaskStream(task, 2, 3, seed=0, rank=1)
+    rank0, rank1 = (TrainTaskStream(task, 2, 3, seed=0, rank=r, world_size=2) for r in (0, 1))
     first0, first1 = next(iter(rank0)), next(iter(rank1))
     assert not torch.equal(first0.target.y, first1.target.y)
-    assert_batches_equal(first0, next(iter(TrainTaskStream(task, 2, 3, seed=0, rank=0))))
+    assert_batches_equal(first0, next(iter(TrainTaskStream(task, 2, 3, seed=0, rank=0, world_size=2))))
     rank0.set_epoch(1)
     assert not torch.equal(next(iter(rank0)).target.y, first0.target.y)
 
@@ -368,7 +368,7 @@ def test_train_loader_follows_trainer_epoch() -> None:
     assert not torch.equal(epoch0[0].target.y, epoch1[0].target.y)
     for x, y in zip(epoch0, again, strict=True):
         assert_batches_equal(x, y)
-    dm.trainer = SimpleNamespace(current_epoch=0, global_rank=1)
+    dm.trainer = SimpleNamespace(current_epoch=0, global_rank=1, world_size=2)
     assert not torch.equal(next(iter(dm.train_dataloader())).target.y, epoch0[0].target.y)
     # Without a trainer, each pass over the loader is a new epoch.
     dm.trainer = None

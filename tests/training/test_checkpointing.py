@@ -142,7 +142,7 @@ def test_training_stream_resumes_after_the_consumed_batches(num_workers):
     )
     consumed["n"] = 3
     state = loader.state_dict()
-    assert state == {"seed": 1, "epoch": 0, "consumed": 3, "num_batches": 7}
+    assert state == {"seed": 1, "epoch": 0, "consumed": 3, "num_batches": 7, "world_size": 1}
     loader.load_state_dict(state)
     torch.testing.assert_close(torch.stack([b.target.y.sum() for b in loader]), torch.stack(epoch0[3:]))
     loader.load_state_dict({**state, "consumed": 7})  # the epoch was complete: the next starts from its first batch
