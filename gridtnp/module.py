@@ -26,8 +26,9 @@ from gridtnp.nn.likelihoods import log_likelihood
 from gridtnp.nn.lowrank_normal import draw_samples
 from gridtnp.registry import ConfigError
 from gridtnp.training.compiling import CompiledModel
+from gridtnp.training.lr_scaling import LrScaling, effective_batch
 from gridtnp.training.run_scale import report_training_scale
-from gridtnp.training.schedules import Schedule, budget_seconds, restore_recipe_lr, time_budget
+from gridtnp.training.schedules import adamw_with_schedule, budget_seconds, restore_recipe_lr, time_budget
 
 Spec = dict[str, Any]
 #: Checkpoint entry with the training data's description (``StoreDataModule.variable_metadata``).
@@ -83,6 +84,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         warmup_steps: linear learning-rate warm-up from 0 over this many steps.
+        lr_scaling: ``{rule: linear | sqrt | none, base_batch: 8}``: scale lr with the effective batch (tasks per
+            optimiser step at any world size) from the one it was tuned at (``gridtnp.training.lr_scaling``).
         lr_schedule: after the warm-up, ``"constant"``, or ``"cosine"`` decay to 0 at the end of the run
             (``trainer.max_steps``, or ``trainer.max_time`` when that stops the run first; see
             ``gridtnp.training.schedules``):
@@ -117,6 +120,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         lr_schedule: Literal["constant", "cosine"] = "constant",
+        lr_scaling: dict[str, Any] | None = None,
         cos_latitude_weighting: bool = False,
         latitude_dim: int = 0,
         variance_calibration: bool = False,
@@ -152,7 +156,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         self.lr, self.weight_decay, self.warmup_steps = lr, weight_decay, warmup_steps
         if lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"lr_schedule must be 'constant' or 'cosine'; got {lr_schedule!r}.")
-        self.lr_schedule = lr_schedule
+        self.lr_schedule, self.lr_scaling = lr_schedule, LrScaling.of(lr_scaling)
         dim_x_model = self.model.dim_x
         if cos_latitude_weighting and not -dim_x_model <= latitude_dim < dim_x_model:
             raise ConfigError(
@@ -198,6 +202,14 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
                 part.check_box(box, name)
 
     @property
+    def run_lr(self) -> float:
+        """This run's learning rate: ``lr``, scaled with the effective batch by ``lr_scaling``."""
+        if self._trainer is None:
+            return self.lr
+        batch = optional(self._trainer.datamodule, "batch_size")
+        return self.lr_scaling.lr(self.lr, effective_batch(self._trainer, batch))
+
+    @property
     def num_parameters(self) -> int:
         return count_parameters(self.model)
 
@@ -237,7 +249,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         far are kept: the last one holds the last good state)."""
         step = self.trainer.global_step if self._trainer is not None else 0
         return ConfigError(
-            f"loss is {value} at step {step}: {what} (training diverged; learning rate {self.lr:g}). Checkpoints "
+            f"loss is {value} at step {step}: {what} (training diverged; learning rate {self.run_lr:g}). Checkpoints "
             "written before are kept; lower --model.init_args.lr (or add warmup_steps) and start again."
         )
 
@@ -301,7 +313,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
 
     def on_train_start(self) -> None:
         """A resumed run uses the learning rate of its recipe, not the one restored with the optimiser state."""
-        restore_recipe_lr(self.trainer, self.lr)
+        restore_recipe_lr(self.trainer, self.run_lr)
 
     def on_validation_epoch_end(self) -> None:
         self.fit_calibration()
@@ -352,7 +364,9 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu() for k, v in out.items()}
 
     def on_fit_start(self) -> None:
-        report_training_scale(self.trainer, self.lr, optional(self.trainer.datamodule, "batch_size"))
+        data = self.trainer.datamodule
+        report_training_scale(self.trainer, self.lr, optional(data, "batch_size"), self.lr_scaling,
+                              optional(data, "train_batches"))  # fmt: skip
         describe = optional(self.trainer.datamodule, "describe")
         line = describe() if callable(describe) and self.trainer.is_global_zero else None
         if line:
@@ -369,29 +383,4 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
             )
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        if self.warmup_steps <= 0 and self.lr_schedule == "constant":
-            return optimizer
-        cosine = self.lr_schedule == "cosine"
-        timer = time_budget(self.trainer) if cosine else None
-        total = self._total_steps(required=timer is None) if cosine else None
-        schedule = Schedule(self.warmup_steps, cosine, total, timer)
-        # A plain function, not the Schedule object: LambdaLR would store the object's attributes in the checkpoint.
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def _total_steps(self, required: bool = True) -> int | None:
-        """Optimiser steps of this run, for the cosine schedule: ``max_steps``, else Lightning's estimate; None when
-        the run has no step bound and ``required`` is False (a time budget bounds it)."""
-        trainer = self.trainer
-        if trainer.max_steps is not None and trainer.max_steps > 0:
-            return int(trainer.max_steps)
-        total = trainer.estimated_stepping_batches
-        if not math.isfinite(total) or total <= 0:
-            if not required:
-                return None
-            raise ConfigError(
-                "lr_schedule 'cosine' needs a finite run length: set trainer.max_steps or trainer.max_time (or "
-                "max_epochs with a finite training set)."
-            )
-        return int(total)
+        return adamw_with_schedule(self, self.run_lr, self.weight_decay, self.warmup_steps, self.lr_schedule)

@@ -3,7 +3,7 @@ end of the run's budget, in optimiser steps (``trainer.max_steps``) or in time (
 
 * ``time_budget(trainer)``: the Lightning ``Timer`` that stops a run at ``max_time``, or None.
 * ``Schedule(warmup, cosine, total_steps, timer)``: the factor on the base learning rate at each step
-  (``torch.optim.lr_scheduler.LambdaLR``).
+  (``torch.optim.lr_scheduler.LambdaLR``); ``adamw_with_schedule(module, lr, ...)``: the optimiser and schedule.
 
 With a time budget the cosine's progress is ``max(steps done / max_steps, elapsed / max_time)``: the learning rate
 reaches 0 when the first of the two limits stops the run. Elapsed time is the ``Timer``'s (training, validation and
@@ -17,7 +17,10 @@ import math
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Timer
+
+from gridtnp.registry import ConfigError
 
 
 def time_budget(trainer: Any) -> Timer | None:
@@ -88,3 +91,36 @@ def restore_recipe_lr(trainer: L.Trainer | None, lr: float) -> None:
                 group["lr"] = lr
     if changed and trainer.is_global_zero:
         print(f"gridtnp: resumed with the recipe's learning rate {lr:g} (the checkpoint had another)")
+
+
+def total_steps(trainer: L.Trainer, required: bool = True) -> int | None:
+    """Optimiser steps of the run, for the cosine schedule: ``max_steps``, else Lightning's estimate; None when the
+    run has no step bound and ``required`` is False (a time budget bounds it)."""
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        return int(trainer.max_steps)
+    total = trainer.estimated_stepping_batches
+    if not math.isfinite(total) or total <= 0:
+        if not required:
+            return None
+        raise ConfigError(
+            "lr_schedule 'cosine' needs a finite run length: set trainer.max_steps or trainer.max_time (or "
+            "max_epochs with a finite training set)."
+        )
+    return int(total)
+
+
+def adamw_with_schedule(
+    module: L.LightningModule, lr: float, weight_decay: float, warmup_steps: int, lr_schedule: str
+) -> Any:
+    """``configure_optimizers``' answer: AdamW at ``lr`` with the warm-up and the ``"constant"`` or ``"cosine"``
+    schedule (a step-wise ``LambdaLR``), or the bare optimiser when neither changes the rate."""
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
+    if warmup_steps <= 0 and lr_schedule == "constant":
+        return optimizer
+    cosine = lr_schedule == "cosine"
+    timer = time_budget(module.trainer) if cosine else None
+    total = total_steps(module.trainer, required=timer is None) if cosine else None
+    schedule = Schedule(warmup_steps, cosine, total, timer)
+    # A plain function, not the Schedule object: LambdaLR would store the object's attributes in the checkpoint.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
