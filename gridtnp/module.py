@@ -13,13 +13,8 @@ from gridtnp.batch import Batch
 from gridtnp.calibration import VarianceCalibration, observed_targets
 from gridtnp.data.contract import optional
 from gridtnp.joint_metrics import JointScores
-from gridtnp.metrics import (
-    COVERAGE_METRICS,
-    PHYSICAL_METRICS,
-    PREDICTIVE_METRICS,
-    evaluation_metrics,
-    point_weights,
-)
+from gridtnp.lead_metrics import add_lead_groups, lead_subsets
+from gridtnp.metrics import COVERAGE_METRICS, PHYSICAL_METRICS, PREDICTIVE_METRICS, evaluation_metrics, point_weights
 from gridtnp.models.neural_process import TARGET_CHUNK, count_parameters, gaussian
 from gridtnp.models.specs import build_model, expand_spec
 from gridtnp.nn.likelihoods import log_likelihood
@@ -78,6 +73,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         residual: ``{name: interpolation, sources: [...], k: 4}``: predict the departure from a kernel-weighted mean of
             the nearest context values of those sources (``gridtnp.nn.residuals``; also ``weight``, ``adaptive``,
             ``departures``, ``spread``, ``regression``); null (default) predicts y itself.
+        time_dims: the first ``time_dims`` input dims are times (forecasts: hours from the initial hour), embedded by
+            the encoders and left out of the grid encoder, grid decoder and residual; 0 (default): none.
         kriging: ``{name: gp, source: stations, grid: {...}}``: condition the predictive on that source's departures
             from it by a closed-form GP layer with a learned correlation (``gridtnp.nn.kriging``); null (default)
             leaves it as the network gives it.
@@ -116,6 +113,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         grid: dict[str, Any] | None = None,
         residual: dict[str, Any] | None = None,
         kriging: dict[str, Any] | None = None,
+        time_dims: int = 0,
         lr: float = 5e-4,
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
@@ -144,6 +142,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
             "grid": grid,
             "residual": residual,
             "kriging": kriging,
+            "time_dims": time_dims or None,
         }
         if not (math.isfinite(lr) and lr > 0):
             raise ConfigError(f"model lr must be a finite number > 0; got {lr}.")
@@ -164,9 +163,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
                 f"{dim_x_model}-dimensional inputs; give the index of the latitude (in degrees)."
             )
         self.latitude_dim = latitude_dim if cos_latitude_weighting else None
-        self.metrics = torch.nn.ModuleDict(
-            {stage: torch.nn.ModuleDict(evaluation_metrics()) for stage in ("val", "test")}
-        )
+        self.metrics = torch.nn.ModuleDict({s: torch.nn.ModuleDict(evaluation_metrics()) for s in ("val", "test")})
         groups = [f"{stage}_{subset}" for stage in ("val", "test") for subset in ("context", "heldout")]
         if variance_calibration:
             groups += ["test_uncalibrated", "test_uncalibrated_context", "test_uncalibrated_heldout"]
@@ -196,6 +193,8 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
                     f"{name}'s context sources {dim_y} (name: Dy) do not match the model's {model_sources}: set the "
                     "model's dim_y to the data's mapping, or use a recipe made for this data."
                 )
+        self.lead_hours = optional(datamodule, "lead_hours")  # forecast tasks: metrics per lead hour
+        add_lead_groups(self.group_metrics, self.lead_hours)
         box = optional(datamodule, "target_box")
         for part in self.model.modules() if box is not None else ():
             if hasattr(part, "check_box"):  # a table of places (the mos decoders) must cover the targets
@@ -268,6 +267,7 @@ class NeuralProcessModule(VarianceCalibration, L.LightningModule):
         if is_context is not None:
             subsets["context/"] = weight * is_context
             subsets["heldout/"] = weight * ~is_context.bool()
+        subsets.update(lead_subsets(batch, weight, getattr(self, "lead_hours", None)))  # lead_<h>h/: forecast tasks
         if stage == "val" and self.variance_calibration:
             observed = observed_targets(batch, self.target_source)
             self.calibration_sums.update(mean, std, target.y, weight * ~observed)

@@ -33,6 +33,7 @@ OPTIONAL_ATTRIBUTES: dict[str, str] = {
     "batch_size": "gridtnp.training.run_scale (tasks per step, reported)",
     "train_batches": "gridtnp.training.run_scale (global batches per training epoch, reported)",
     "target_box": "NeuralProcessModule.setup (a table of places, as the mos decoders have, covers the targets)",
+    "lead_hours": "NeuralProcessModule.setup (forecast tasks: the metrics per lead hour, gridtnp.lead_metrics)",
 }
 
 
@@ -71,6 +72,7 @@ class GridDataModule(L.LightningDataModule):
             coordinates for ``gridtnp predict``; None: the raw tensors are written per task.
         target_box: after ``setup``, ``{"axes": names, "targets": (lower, upper), "grid": (lower, upper)}``: the
             corners ``[dim_x]`` of the target locations and of the data's grid; None: unchecked.
+        lead_hours: forecast tasks' lead hours (targets carry ``extras["lead_hours"]``): metrics per lead; None: none.
     """
 
     dim_x: int | None = None
@@ -81,6 +83,7 @@ class GridDataModule(L.LightningDataModule):
     train_batches: int | None = None
     predictions_to_xarray: Callable[[list[dict[str, Any]]], Any] | None = None
     target_box: dict[str, Any] | None = None
+    lead_hours: list[int] | None = None
 
     def variable_metadata(self) -> DataMetadata | None:
         """Normalisation statistics, names and units of the variables, kept with the checkpoint (None: nothing)."""

@@ -43,6 +43,7 @@ class NeuralProcess(nn.Module):
         grid: Grid | None = None,
         residual: Residual | None = None,
         kriging: ResidualKriging | None = None,
+        time_dims: int = 0,
     ) -> None:
         super().__init__()
         if kriging is not None and getattr(likelihood, "joint", False):
@@ -57,6 +58,9 @@ class NeuralProcess(nn.Module):
         self.grid = grid
         self.residual = residual
         self.kriging = kriging
+        # The first ``time_dims`` input dims are times (a forecast's hours from its initial hour): the encoders embed
+        # them with the rest of x; the grid encoder, grid decoder and residual see the other (spatial) dims.
+        self.time_dims = time_dims
 
     def forward(self, context: dict[str, Observations], xt: Tensor) -> Distribution:
         """Predictive distribution at ``xt [B, Nt, Dx]`` given ``context`` (padded, masked sets)."""
@@ -102,8 +106,8 @@ class NeuralProcess(nn.Module):
             valid = obs.mask & torch.isfinite(obs.x).all(-1) & torch.isfinite(obs.y).all(-1)
             x = torch.where(valid.unsqueeze(-1), single(obs.x), 0.0)
             y = torch.where(valid.unsqueeze(-1), single(obs.y), 0.0)
-            tokens[name] = Tokens(x, self.encoders[name](x, y), valid)
-            observed[name] = (x, y, valid)
+            tokens[name] = Tokens(x[..., self.time_dims :], self.encoders[name](x, y), valid)
+            observed[name] = (x[..., self.time_dims :], y, valid)
         latent = self.grid_encoder(tokens)
         return tokens, observed, self.processor(latent)
 
@@ -144,6 +148,7 @@ class NeuralProcess(nn.Module):
         # are made (gridtnp.batch.Batch), without a device sync here.
         xt = finite_locations(xt)
         zt = self.encoders[self.target_source](xt, None)
+        xt = xt[..., self.time_dims :]
         base = near = None
         if self.residual is not None:
             base, features, near = self.residual(observed, xt)
@@ -166,17 +171,18 @@ class NeuralProcess(nn.Module):
         grid = self.grid
         if grid is None:
             return
-        x0 = target.x
+        x0 = target.x[..., self.time_dims :]
         lower, upper = x0.new_tensor(grid.lower), x0.new_tensor(grid.upper)
         margin, rolled = 0.5 * x0.new_tensor(grid.spacing), torch.tensor(grid.roll, device=x0.device)
         sets = [("targets", target), *((f"context {name!r}", obs) for name, obs in context.items())]
         for what, obs in sets:
             if obs.x.numel() == 0:
                 continue
-            inside = obs.mask.unsqueeze(-1) & torch.isfinite(obs.x)
+            x = obs.x[..., self.time_dims :]
+            inside = obs.mask.unsqueeze(-1) & torch.isfinite(x)
             beyond = torch.maximum(
-                torch.where(inside, lower - obs.x, 0.0).amax(dim=(0, 1)),
-                torch.where(inside, obs.x - upper, 0.0).amax(dim=(0, 1)),
+                torch.where(inside, lower - x, 0.0).amax(dim=(0, 1)),
+                torch.where(inside, x - upper, 0.0).amax(dim=(0, 1)),
             )
             beyond = torch.where(rolled, 0.0, beyond)  # a rolled dimension (longitude) wraps: never outside
             if bool((beyond > margin).any()):

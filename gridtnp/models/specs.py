@@ -25,7 +25,9 @@ from gridtnp.registry import SHARED, ConfigError, accepted_arguments, get, spec_
 from gridtnp.registry import build as build_component
 
 SLOTS = ("encoder", "grid_encoder", "processor", "grid_decoder", "likelihood")
-MODEL_KEYS = (*SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid", "residual", "kriging")
+MODEL_KEYS = (
+    *SLOTS, "dim", "dim_x", "dim_y", "target_source", "target_dim_y", "grid", "residual", "kriging", "time_dims"
+)  # fmt: skip
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -91,6 +93,12 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
             f"target locations); got {target_source!r}."
         )
     target_dim_y = int(spec.get("target_dim_y") or sources[target_source])
+    time_dims = int(spec.get("time_dims") or 0)
+    if not 0 <= time_dims < dim_x or (time_dims and spec.get("kriging") is not None):
+        raise ConfigError(
+            f"time_dims must be in 0..dim_x - 1 = {dim_x - 1} (the leading input dims that are times) and 0 with "
+            f"kriging (a spatial layer); got {time_dims} with kriging {'set' if spec.get('kriging') else 'null'}."
+        )
     try:
         grid = as_grid(spec.get("grid"))
     except ValueError as err:
@@ -102,6 +110,7 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
         "target_source": target_source,
         "target_dim_y": target_dim_y,
         "grid": None if grid is None else grid.to_dict(),
+        **({"time_dims": time_dims} if time_dims else {}),
     }
 
     # The settings the model shares with its components, by their ``SHARED`` name; each component is passed those of
@@ -145,6 +154,7 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
     if len(widths) != 1:
         raise ConfigError(f"all sources' encoders must produce tokens of one width; got {sorted(widths)}.")
     settings["in_dim"] = widths.pop()
+    settings["dim_x"] = dim_x - time_dims  # what follows the encoders sees the spatial dims only
     grid_encoder, expanded["grid_encoder"] = build("grid_encoder", spec["grid_encoder"])
     # A grid encoder may encode onto a coarser grid than the model's (``coarsen``): what follows works on that one.
     settings["grid"] = getattr(grid_encoder, "grid", None) or grid
@@ -158,9 +168,8 @@ def _build(spec: dict[str, Any]) -> tuple[NeuralProcess, dict[str, Any]]:
     kriging = None
     if spec.get("kriging") is not None:  # optional: the predictive conditioned on one source's departures
         kriging, expanded["kriging"] = build("kriging", spec["kriging"])
-    model = NeuralProcess(
-        encoders, grid_encoder, processor, grid_decoder, likelihood, dim_x, target_source, grid, residual, kriging
-    )
+    parts = (encoders, grid_encoder, processor, grid_decoder, likelihood)
+    model = NeuralProcess(*parts, dim_x, target_source, grid, residual, kriging, time_dims)
     return model, expanded
 
 
