@@ -377,7 +377,9 @@ def test_era5_recipes_build_and_run_a_batch(recipe: Path, store: str, stations: 
     config = yaml.safe_load(recipe.read_text())
     module = NeuralProcessModule(**config["model"]["init_args"])
     assert set(module.model.encoders) == {"grid", "stations"} and module.model.target_source == "stations"
-    batch = next(iter(datamodule(store, stations, batch_size=2).train_dataloader()))
+    task = config["data"]["init_args"].get("task", {})
+    forecast = {k: task[k] for k in ("context_hours", "lead_hours") if k in task}  # forecast recipes: x = (h, lat, lon)
+    batch = next(iter(datamodule(store, stations, batch_size=2, **forecast).train_dataloader()))
     loss = -log_likelihood(module(batch), batch.target.y, batch.target.valid()).mean()
     loss.backward()
     assert torch.isfinite(loss)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -63,6 +64,31 @@ class CoverageDropout:
         check_count("task.coverage_dropout.max_patch", self.max_patch, 1)
 
 
+def is_hour(value: object) -> bool:
+    """``value`` is an integer number of hours (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_forecast_hours(task: StationTaskConfig) -> None:
+    """``task.context_hours`` and ``task.lead_hours`` as tuples (one defaulted when the other is set), or a
+    ConfigError naming the key and what is allowed."""
+    if not task.forecast:
+        return
+    window, leads = task.context_hours or (0, 0), task.lead_hours if task.lead_hours is not None else (0,)
+    if isinstance(window, str) or len(window) != 2 or not all(map(is_hour, window)) or not window[0] <= window[1] <= 0:
+        raise ConfigError(f"task.context_hours must be [a, b] integer hours with a <= b <= 0, e.g. [-2, 0]; "
+                          f"got {task.context_hours!r}.")  # fmt: skip
+    leads = [leads] if is_hour(leads) else list(leads)
+    if not leads or not all(map(is_hour, leads)) or leads[0] < 0 or any(b <= a for a, b in itertools.pairwise(leads)):
+        raise ConfigError(f"task.lead_hours must be increasing integer hours >= 0, e.g. [1, 3, 6]; "
+                          f"got {task.lead_hours!r}.")  # fmt: skip
+    if task.num_targets is not None:
+        raise ConfigError("task.num_targets is for same-hour tasks; forecast tasks (task.lead_hours) target every "
+                          "station at each lead hour: leave num_targets null.")  # fmt: skip
+    object.__setattr__(task, "context_hours", (int(window[0]), int(window[1])))
+    object.__setattr__(task, "lead_hours", tuple(int(h) for h in leads))
+
+
 def check_trim(value: object) -> dict[str, int]:
     """``task.eval_trim`` as ``{side: block rows or columns}``, or a ConfigError naming the side or value."""
     if not isinstance(value, dict):
@@ -112,6 +138,11 @@ class StationTaskConfig:
             stations.
         num_targets: a fixed number of targets per task: that many held-out points after the context in each
             task's random order; null: ``targets`` decides.
+        context_hours: ``[a, b]`` (``a <= b <= 0``): forecast tasks from an initial hour ``t``: the context stations
+            at every hour ``t + a .. t + b``, each point at ``x = (hours from t, lat, lon)`` (``dim_x`` 3; the grid at
+            ``-time_offset_hours``); null: ``[0, 0]`` when ``lead_hours`` is set.
+        lead_hours: forecast targets: the stations at ``t + h`` for each ``h`` (increasing hours >= 0), at ``x = (h,
+            lat, lon)``; null: ``[0]`` when ``context_hours`` is set. Both null: the same-hour task, ``x = (lat, lon)``.
     """
 
     station_variable: str = "t2m"
@@ -132,8 +163,11 @@ class StationTaskConfig:
     unique_grid_points: bool = True
     random_points: int | None = None
     num_targets: int | None = None
+    context_hours: tuple[int, int] | None = None
+    lead_hours: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_forecast_hours(self)
         check_count("task.time_offset_hours", self.time_offset_hours, 0)
         check_count("task.eval_draws", self.eval_draws, 1)
         check_count("task.eval_stride", self.eval_stride, 1)
@@ -163,6 +197,11 @@ class StationTaskConfig:
         for key, smallest in (("random_points", 2), ("num_targets", 1)):
             if getattr(self, key) is not None:
                 check_count(f"task.{key}", getattr(self, key), smallest)
+
+    @property
+    def forecast(self) -> bool:
+        """Forecast tasks (``context_hours`` or ``lead_hours`` set): inputs ``x = (hours from t, lat, lon)``."""
+        return self.context_hours is not None or self.lead_hours is not None
 
     @property
     def factors(self) -> list[int]:

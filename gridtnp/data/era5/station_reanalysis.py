@@ -19,6 +19,7 @@ import xarray as xr
 from torch.utils.data import DataLoader
 
 from gridtnp.data.climatology import CLIMATOLOGY_ATTR, computed_climatology, read_climatology
+from gridtnp.data.era5.forecast_times import check_forecast_predict, split_times
 from gridtnp.data.era5.station_options import (
     DEFAULT_PREDICT,
     DEFAULT_STATION_TASK,
@@ -27,7 +28,7 @@ from gridtnp.data.era5.station_options import (
     StationTaskConfig,
 )
 from gridtnp.data.era5.station_tasks import HourSet, Split, SplitTask, StationReanalysisTask
-from gridtnp.data.era5.to_xarray import Variable, station_predictions
+from gridtnp.data.era5.to_xarray import Variable, forecast_predictions, station_predictions
 from gridtnp.data.layout import DIMS, DataError, coverage
 from gridtnp.data.sections import (
     DEFAULT_SPLITS,
@@ -132,14 +133,20 @@ class StationReanalysisDataModule(StoreDataModule):
         self.unique_grid_points = options.unique_grid_points
         self.random_points, self.num_targets = options.random_points, options.num_targets
         self.predict_split, self.predict_resolution = self.predict.split, self.predict.resolution
+        self.lead_hours = list(options.lead_hours or ())  # forecast tasks' lead hours; [] for same-hour tasks
+        check_forecast_predict(options, self.predict)
         share = self.predict.context_fraction
         self.predict_context_fraction = sum(self.context_fraction) / 2 if share is None else float(share)
         self.task: StationReanalysisTask | None = None
         self.splits: dict[str, Split] = {}
         self._climatology_record: dict[str, Any] | None = None
 
-    dim_x = 2
-    geographic = True  # x = (latitude, longitude) in degrees: plots draw maps
+    geographic = True  # x = (latitude, longitude) in degrees (forecasts: hours first): plots draw maps
+
+    @property
+    def dim_x(self) -> int:
+        """2: ``x = (lat, lon)``; 3 for forecast tasks: ``x = (hours from the initial hour, lat, lon)``."""
+        return 3 if self.lead_hours else 2
 
     @property
     def dim_y(self) -> dict[str, int]:
@@ -194,17 +201,8 @@ class StationReanalysisDataModule(StoreDataModule):
         station_index = np.stack([kept["lat_index"].to_numpy(np.int64), kept["lon_index"].to_numpy(np.int64)])
 
         time = ds.indexes["time"]
-        self.splits = {}
-        for name, target_time in self.split_hours(ds, path).items():
-            grid_time = time.get_indexer(time[target_time] - pd.Timedelta(hours=self.time_offset_hours))
-            ok = grid_time >= 0
-            if not ok.any():
-                start, end = self.dates[name]
-                raise DataError(
-                    f"{path}: no {name} hour from {start} to {end} has grid data {self.time_offset_hours} h earlier; "
-                    f"the store covers {coverage(ds)}."
-                )
-            self.splits[name] = Split(name, target_time[ok], grid_time[ok])
+        where = lambda name: f"{path} ({coverage(ds)}), {name} dates {' to '.join(map(str, self.dates[name]))}"  # noqa: E731
+        self.splits = split_times(time, self.split_hours(ds, path), self.options, where)
 
         self.task = StationReanalysisTask(
             self.chunk_cache(variables, region),
@@ -236,7 +234,7 @@ class StationReanalysisDataModule(StoreDataModule):
         """``{variable: [24, H * W]}``: the mean at each grid point and UTC hour of day over the training hours,
         read from the store when ``gridtnp data prepare --climatology`` stored it for those hours, else computed
         from the store (a pass over the training period)."""
-        hours, record = self.splits["train"].target_time, ds.attrs.get(CLIMATOLOGY_ATTR)
+        hours, record = self.splits["train"].hours, ds.attrs.get(CLIMATOLOGY_ATTR)
         options = {"storage_options": self.storage_options, "region": region, "west": self.west()}
         stored = read_climatology(path, variables, ds.indexes["time"], hours, record, **options)
         if stored is not None:
@@ -331,6 +329,8 @@ class StationReanalysisDataModule(StoreDataModule):
             float(self.task.station_std),
         )
         attrs = {"predict_split": self.predict_split, "predict_context_fraction": self.predict_context_fraction}
+        if self.lead_hours:  # (init_time, lead_time, station), the climatology added back at each valid hour
+            return forecast_predictions(outputs, self, variable, attrs)
         if self.predict_points() is None:
             outputs = [self.on_stations(o) for o in outputs]
         if self.climatology:  # departures -> values: add the climatology back, in the normalised units

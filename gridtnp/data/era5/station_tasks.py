@@ -3,7 +3,7 @@
 * ``StationReanalysisTask``: draws a batch of tasks (one hour each) of a split: the coarse context on each task's
   block layout (training tasks with parts of it missing under ``coverage_dropout``, evaluation trimmed by
   ``eval_trim``), a share of the stations as context, the stations (or given points) as targets.
-* ``Split``: a split's target hours and grid hours; ``SplitTask``: the ``Task`` interface of one split (training);
+* ``SplitTask``: the ``Task`` interface of one split (training);
   ``HourSet``: every hour of a split once, in order (validation, test, predictions).
 """
 
@@ -21,15 +21,9 @@ from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.datamodules import generator_from
 from gridtnp.data.era5.blocks import BlockLayout, LayoutTables, draw_layouts
 from gridtnp.data.era5.coverage_masks import dropout_mask, trim_mask
+from gridtnp.data.era5.forecast_times import Split, forecast_batch
 from gridtnp.data.era5.station_options import CoverageDropout
 from gridtnp.data.store_datamodule import masked_observations
-
-
-class Split:
-    """Time steps of one split: target times and the grid times ``time_offset_hours`` earlier, ``[T]`` each."""
-
-    def __init__(self, name: str, target_time: np.ndarray, grid_time: np.ndarray) -> None:
-        self.name, self.target_time, self.grid_time = name, target_time, grid_time
 
 
 class StationReanalysisTask:
@@ -248,6 +242,11 @@ class StationReanalysisTask:
             "target_scale": torch.full((b,), float(self.station_std)),
             "hour": torch.from_numpy(t_target.astype(np.int64)),
         }
+        if split.offset_time is not None:  # forecast tasks: the stations over the context hours and at each lead
+            chosen = np.arange(width_c) < n_ctx[:, None]
+            draws = {"flat": flat, "points": points_x, "idx_c": idx_c, "chosen": chosen, "coarse": coarse_station}
+            held_out = self.targets == "held_out" and share is None
+            return forecast_batch(self, split, pick, draws, context, extras, held_out)
         if target_x is not None:
             p = len(target_x)
             x_t = torch.from_numpy(np.ascontiguousarray(target_x, dtype=np.float32)).expand(b, p, 2)

@@ -2,6 +2,7 @@
 
 * ``station_predictions(outputs, ...)``: ``mean``, ``std`` on ``(time, station)`` with station coordinates and
   ``observed``, ``is_context``; or, with a prediction grid, on ``(time, latitude, longitude)``.
+* ``forecast_predictions(outputs, ...)``: forecasts on ``(init_time, lead_time, station)``.
 * ``window_predictions(outputs, ...)``: ``<variable>_mean``, ``<variable>_std`` on ``(time, latitude, longitude)``.
 * ``Variable``: a predicted variable's name, description, units and normalisation ``(mean, std)``.
 
@@ -83,6 +84,57 @@ def station_predictions(
         {"long_name": "station was in the context set", "flag_values": [0, 1]},
     )
     return _cf_dataset(data, coords, store, attrs)
+
+
+def forecast_predictions(
+    outputs: Sequence[dict[str, torch.Tensor]], datamodule: Any, variable: Variable, attrs: dict[str, Any]
+) -> xr.Dataset:
+    """Forecast outputs of ``datamodule`` (a ``StationReanalysisDataModule`` with ``lead_hours``; targets lead-major,
+    ``[B, L * S]``) -> ``mean``, ``std``, ``observed``, ``baseline_sq_error``, ``is_context`` on ``(init_time,
+    lead_time, station)``, with CF's ``forecast_reference_time`` and ``forecast_period`` coordinates and the valid
+    ``time [init_time, lead_time]``; with a climatology, it is added back at each valid hour."""
+    task, leads, time_axis = datamodule.task, datamodule.lead_hours, datamodule.time_axis
+    init = time_axis[torch.cat([o["hour"] for o in outputs]).numpy()]
+    shape = (len(init), len(leads), len(datamodule.station_table))
+
+    def joined(key: str) -> np.ndarray:
+        """``[T, L, S]`` of the outputs' ``key`` (``[B, L * S]`` or ``[B, L * S, 1]`` each)."""
+        values = torch.cat([o[key][..., 0] if o[key].dim() == 3 else o[key] for o in outputs])
+        return values.double().numpy().reshape(shape)
+
+    mean, std, y, valid = joined("mean"), joined("std"), joined("y"), joined("mask") > 0
+    lead = pd.to_timedelta(np.asarray(leads), unit="h")
+    valid_time = init.to_numpy()[:, None] + lead.to_numpy()[None]  # [T, L]
+    if datamodule.climatology:  # departures -> values at each valid hour (normalised units)
+        at = time_axis.get_indexer(pd.DatetimeIndex(valid_time.ravel())).reshape(valid_time.shape)
+        reference = np.stack([task.reference(variable.name, at[:, j], task.station_flat) for j in range(len(leads))], 1)
+        shift = (reference - variable.mean) / variable.std
+        mean, y = mean + shift, y + shift
+    dims: Dims = ("init_time", "lead_time", "station")
+    data = _physical(variable, mean, std, dims, shape)
+    observed = {"units": variable.units, "long_name": f"{variable.description} (ERA5 at the station)"}
+    data["observed"] = (dims, np.where(valid, y * variable.std + variable.mean, np.nan), observed)
+    if "coarse_sq_err" in outputs[0]:
+        sq_err = np.where(valid, joined("coarse_sq_err") * variable.std**2, np.nan)
+        long_name = "squared error of the coarse cell's value at the grid hour (baseline)"
+        data["baseline_sq_error"] = (dims, sq_err, {"units": f"{variable.units}2", "long_name": long_name})
+    flags = {"long_name": "station was in the context set", "flag_values": [0, 1]}
+    data["is_context"] = (dims, joined("is_context").astype(np.int8), flags)
+    stations = datamodule.station_table
+    coords: dict[str, Any] = {
+        "init_time": ("init_time", init, {"standard_name": "forecast_reference_time", "long_name": "initial time"}),
+        "lead_time": ("lead_time", lead, {"standard_name": "forecast_period", "long_name": "lead time"}),
+        "time": (("init_time", "lead_time"), valid_time, {"standard_name": "time", "long_name": "valid time"}),
+        "station": np.arange(len(stations)),
+        "latitude": ("station", stations["latitude"].to_numpy(np.float64)),
+        "longitude": ("station", stations["longitude"].to_numpy(np.float64)),
+    }
+    if "station_id" in stations:
+        coords["station_id"] = ("station", stations["station_id"].astype(str).to_numpy())
+    ds = _cf_dataset(data, coords, datamodule.store_path(), {**attrs, "lead_hours": list(leads)})
+    ds["init_time"].encoding.update({"units": "hours since 1900-01-01 00:00:00", "calendar": "standard"})
+    ds["lead_time"].encoding.update({"units": "hours"})
+    return ds
 
 
 def window_predictions(
