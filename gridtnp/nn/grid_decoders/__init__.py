@@ -5,7 +5,8 @@ Interface: ``decoder(states: list[Latent], zt, xt) -> [B, Nt, D]``. A decoder wi
 (eq. 9); ``layers = 1`` reads the final state. The model passes the processor's number of states as ``layers``.
 
 Modules: ``gridded`` (decoders of grid states), ``sets`` (of set states), ``interpolation`` and
-``kernel_averaging`` (the classical baselines), ``mos`` (per-place regression on the gridded values). Each
+``kernel_averaging`` (the classical baselines), ``mos`` (per-place regression on the gridded values),
+``persistence`` (each target's last known value). Each
 decoder registers itself where it is defined; ``gridtnp list grid_decoder`` names them (``... NAME``: its class and
 module).
 """
@@ -15,6 +16,7 @@ from gridtnp.nn.grid_decoders.interpolation import InterpolationDecoder
 from gridtnp.nn.grid_decoders.kernel_averaging import GKADecoder
 from gridtnp.nn.grid_decoders.knn import KNNDecoder, NeighbourCrossAttentionBlock, TEKNNDecoder
 from gridtnp.nn.grid_decoders.mos import MOSDecoder, MOSKrigingDecoder
+from gridtnp.nn.grid_decoders.persistence import PersistenceDecoder
 from gridtnp.nn.grid_decoders.sets import (
     ConcatDecoder,
     CrossAttentionDecoder,
@@ -35,6 +37,7 @@ __all__ = [
     "MOSDecoder",
     "MOSKrigingDecoder",
     "NeighbourCrossAttentionBlock",
+    "PersistenceDecoder",
     "RelationalDecoder",
     "TECrossAttentionDecoder",
     "TEKNNDecoder",
