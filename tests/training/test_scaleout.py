@@ -158,10 +158,12 @@ def test_ddp_on_cpu_shards_tasks_and_reduces_metrics_over_the_union(tmp_path):
     run_dir, records = tmp_path / "run", tmp_path / "rec"
     command = fit_command(run_dir, records)
     command += ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-    command += ["--trainer.max_steps", "3", "--data.init_args.loader.train_batches", "3", "--trainer.logger", "true"]
+    # train_batches counts the epoch's batches over both ranks: 6 are 3 steps, validated after the last.
+    command += ["--trainer.max_steps", "3", "--data.init_args.loader.train_batches", "6", "--trainer.logger", "true"]
     done = run(command, tmp_path, cli_env())
     assert done.stdout.count("trainable parameters") == 1  # printed by rank 0 only
     assert done.stdout.count("effective batch size 16 tasks per step = 8 per rank x 2 ranks x 1 accumulated") == 1
+    assert "epoch 6 global batches (3 per rank)" in done.stdout
     assert [p.name for p in (run_dir / "lightning_logs").iterdir()] == ["version_0"]  # one logger writes
 
     ranks = [read_records(records, rank) for rank in (0, 1)]
@@ -274,6 +276,7 @@ def test_sigterm_under_ddp_saves_one_step_on_every_rank(tmp_path):
     """Rank 0 alone is signalled; both ranks stop after the same step, which last.ckpt holds, and the relaunch on
     two processes goes on from there with the same tasks and losses (1e-6) as an uninterrupted 2-process run."""
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    ddp += ["--data.init_args.loader.train_batches", "10"]  # epochs of 5 steps on each rank
     reference = run(fit_command(tmp_path / "ref", tmp_path / "ref_rec", *ddp), tmp_path, cli_env())
     assert reference.returncode == 0
     _, records, _ = signal_and_resume(tmp_path, signal.SIGTERM, *ddp)
@@ -325,6 +328,7 @@ def slurm_ranks(
         env = cli_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **slurm)
         ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", str(world), "--trainer.strategy", "ddp"]
         ddp += ["--data.init_args.loader.val_batches", str(max(3, world))]  # a validation batch for every rank
+        ddp += ["--data.init_args.loader.train_batches", str(5 * world)]  # epochs of 5 steps on each rank
         command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", *ddp, *extra,
                               pause_at_step=pause, pause_seconds=4.0)  # fmt: skip
         procs.append(subprocess.Popen(command, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
@@ -391,6 +395,7 @@ def test_sigterm_during_validation_under_ddp_stops_after_it_on_every_rank(tmp_pa
              "seconds": 6.0}}  # fmt: skip
     callbacks = [{"class_path": "tests.recording.Record", "init_args": {"out": str(records)}}, pause]
     ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    ddp += ["--data.init_args.loader.train_batches", "10"]  # epochs of 5 steps on each rank: validation after step 5
     command = fit_command(run_dir, records, "--checkpoint.last_every_n_steps", "100", *ddp)
     first = list(command)
     first[first.index("--trainer.callbacks") + 1] = json.dumps(callbacks)
