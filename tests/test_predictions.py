@@ -115,6 +115,23 @@ def test_zarr_written_batch_by_batch_equals_the_netcdf_written_at_once(checkpoin
     assert streamed.sizes["time"] == 5 * 24 and not list(tmp_path.glob(".p.zarr.tmp-*"))
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_predict_writes_samples_in_kelvin_on_a_sample_dimension(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "samples.nc"
+    cli(
+        "predict", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--predictions.path", str(out),
+        "--predictions.samples", "4", "--data.init_args.loader.batch_size", "48", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
+    )  # fmt: skip
+    with xr.open_dataset(out) as ds:
+        assert ds["t2m_sample"].dims == ("station", "time", "sample") and ds.sizes["sample"] == 4
+        assert ds["sample"].attrs["standard_name"] == "realization" and ds["t2m_sample"].attrs["units"] == "K"
+        # Each sample is converted as the mean (climatology added back): kelvin, within a few std of the mean.
+        z = (ds["t2m_sample"] - ds["t2m"]) / ds["t2m_std"]
+        assert np.isfinite(ds["t2m_sample"].values).all() and float(np.abs(z).max()) < 8
+        assert 0.5 < float((z**2).mean()) < 1.5
+
+
 def small_station_model() -> NeuralProcessModule:
     return NeuralProcessModule(
         dim_x=2, dim_y={"grid": 1, "stations": 1}, target_source="stations", dim=16,
