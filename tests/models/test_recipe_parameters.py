@@ -32,12 +32,15 @@ RECIPE_PARAMETERS = {
     "era5_interp.yaml": 5,
     "era5_mos.yaml": 17787,  # 33 x 49 places x (1 + 9 coefficients + 1 log variance)
     "era5_mos_kriging.yaml": 17790,  # + the GP's lengthscale, output scale and noise
+    "era5_mos_leads.yaml": 17787,  # era5_mos.yaml's decoder on forecast tasks
     "era5_multisource_swin.yaml": 549762,
     "era5_observations_swin.yaml": 738779,
+    "era5_persistence_leads.yaml": 1,  # one log variance
     "era5_pt_tnp.yaml": 643458,
     "era5_swin.yaml": 738779,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (2 + 128 + 260 + 2 +
     # regression: 33 x 49 x 60 coefficients, 10 shape terms up to cubic x 6 position monomials, and 1 lengthscale),
     # kriging (33 x 49 x 16 place features and 4 scales)
+    "era5_swin_leads.yaml": 713799,  # era5_swin.yaml without kriging, + Fourier features of the hours (7 inputs)
     "era5_swin_global.yaml": 2267010,
     "era5_swin_joint.yaml": 713943,  # era5_swin.yaml - kriging (25,876) + the rank-16 factor in the head (64 x 16 + 16)
     "era5_vit.yaml": 344578,
