@@ -1,5 +1,5 @@
-"""Regenerate the tables of ``docs/results.md`` and ``docs/performance.md`` from the result files under
-``benchmarks/results/``.
+"""Regenerate the tables of ``docs/results.md``, ``docs/performance.md`` and ``docs/joint.md`` from the result
+files under ``benchmarks/results/``.
 
 Every table in those pages sits between ``<!-- table: NAME -->`` and ``<!-- end table -->``; ``NAME`` is a key of
 ``TABLES``, whose function reads the result files and returns the Markdown. The text around the markers is left as
@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = (ROOT / "docs" / "results.md", ROOT / "docs" / "performance.md")  # the pages with marked tables
+DOCS = tuple(ROOT / "docs" / page for page in ("results.md", "performance.md", "joint.md"))  # pages with marked tables
 MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.DOTALL)
 
 
