@@ -217,12 +217,14 @@ def test_time_offset_reads_the_grid_earlier(store: str, stations: str) -> None:
 def test_ranks_draw_different_train_tasks_and_share_fixed_eval_sets(store: str, stations: str) -> None:
     dms = [datamodule(store, stations) for _ in range(2)]
     for rank, dm in enumerate(dms):
-        dm.trainer = SimpleNamespace(current_epoch=0, global_rank=rank)
+        dm.trainer = SimpleNamespace(current_epoch=0, global_rank=rank, world_size=2)
     train = [next(iter(dm.train_dataloader())) for dm in dms]
     assert not torch.equal(train[0].extras["hour"], train[1].extras["hour"])
-    val = [next(iter(dm.val_dataloader())) for dm in dms]
-    assert torch.equal(val[0].target.y, val[1].target.y) and torch.equal(val[0].target.x, val[1].target.x)
-    dms[0].trainer = SimpleNamespace(current_epoch=1, global_rank=0)
+    whole = iter(datamodule(store, stations).val_dataloader())  # one rank: the whole validation set, in order
+    for dm, expected in zip(dms, [next(whole), next(whole)], strict=True):  # rank r of 2 reads global batch r first
+        first = next(iter(dm.val_dataloader()))
+        assert torch.equal(first.target.y, expected.target.y) and torch.equal(first.target.x, expected.target.x)
+    dms[0].trainer = SimpleNamespace(current_epoch=1, global_rank=0, world_size=2)
     assert not torch.equal(next(iter(dms[0].train_dataloader())).extras["hour"], train[0].extras["hour"])
 
 

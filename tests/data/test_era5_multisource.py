@@ -175,11 +175,13 @@ def test_only_the_needed_time_chunks_are_read(store: str) -> None:
 def test_ranks_draw_distinct_training_windows_and_share_eval_sets(store: str) -> None:
     dms = [datamodule(store) for _ in range(2)]
     for rank, dm in enumerate(dms):
-        dm.trainer = SimpleNamespace(current_epoch=0, global_rank=rank)
+        dm.trainer = SimpleNamespace(current_epoch=0, global_rank=rank, world_size=2)
     train = [torch.cat([b.extras["start_hour"] for b in dm.train_dataloader()]) for dm in dms]
     assert not torch.equal(train[0], train[1])
-    val = [next(iter(dm.val_dataloader())) for dm in dms]
-    assert torch.equal(val[0].target.x, val[1].target.x) and torch.equal(val[0].target.y, val[1].target.y)
+    whole = iter(datamodule(store).val_dataloader())  # one rank: the whole validation set, in order
+    for dm, expected in zip(dms, [next(whole), next(whole)], strict=True):  # rank r of 2 reads global batch r first
+        first = next(iter(dm.val_dataloader()))
+        assert torch.equal(first.target.x, expected.target.x) and torch.equal(first.target.y, expected.target.y)
 
 
 def test_bad_specifications_name_what_to_fix(store: str) -> None:

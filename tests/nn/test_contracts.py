@@ -388,11 +388,16 @@ CASES: dict[str, dict[str, list[dict[str, Any]]]] = {
                 },
             ),
         ],
+        "persistence": [
+            model(MOS, grid_decoder={"name": "persistence", "station_source": "b", "grid_source": "a"}),
+            model(MOS, grid_decoder={"name": "persistence", "station_source": "a", "grid_source": "b", "tolerance": 0}),
+        ],
     },
     "likelihood": {
         "direct": [MOS],
         "gaussian": [SET],
         "homoscedastic": [model(SET, likelihood={"name": "homoscedastic", "layers": 2})],
+        "lowrank_gaussian": [model(SET, likelihood={"name": "lowrank_gaussian", "rank": 3})],
     },
     "residual": {
         "interpolation": [
