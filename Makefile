@@ -35,7 +35,7 @@ demo: install
 ## signalled and resumed runs, a SLURM requeue). Its time on 2 idle cores: README.
 test: install browser
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=10
 
 ## Heavy checks excluded from the timed suite, with a real one-node Slurm (tests/training/test_slurm.py) where it can run.
 test-slow: install slurm

@@ -1,9 +1,10 @@
 """Scale-out in subprocesses: DDP on CPU (gloo), a SIGKILLed run resumed, SLURM requeue on SIGUSR1.
 
 Each test launches ``gridtnp fit`` (a few CLI start-ups, 20-60 s each on 2 cores). The default suite runs one case
-of each path (a SIGKILL resumed, DDP sharding, SLURM requeue on one rank and on two, SIGTERM under DDP in a step and
-in a validation); the variants (SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank signalled) are
-``slow`` (``make test-slow``).
+of each path (a SIGKILL resumed, DDP sharding, SLURM requeue on one rank and on two, SIGTERM under DDP in a
+validation; SIGUSR1 and SIGTERM under DDP in a step take the same step-boundary path, so the requeue case stands for
+both); the variants (SIGTERM under DDP in a step, SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank
+signalled) are ``slow`` (``make test-slow``).
 """
 
 from __future__ import annotations
@@ -272,6 +273,7 @@ def test_sigterm_and_sigint_save_the_step_reached_and_exit_non_zero(tmp_path, si
         assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, (step, got[step], expected[step])
 
 
+@SLOW
 def test_sigterm_under_ddp_saves_one_step_on_every_rank(tmp_path):
     """Rank 0 alone is signalled; both ranks stop after the same step, which last.ckpt holds, and the relaunch on
     two processes goes on from there with the same tasks and losses (1e-6) as an uninterrupted 2-process run."""

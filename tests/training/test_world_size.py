@@ -155,7 +155,11 @@ def validate_in_subprocess(ckpt: Path, out: Path, world: int, limit: str | None,
 
 @pytest.mark.parametrize(
     ("world", "limit"),
-    [(2, "5"), pytest.param(4, None, marks=pytest.mark.slow), pytest.param(4, "0.75", marks=pytest.mark.slow)],
+    [
+        pytest.param(2, "5", marks=pytest.mark.slow),
+        pytest.param(4, None, marks=pytest.mark.slow),
+        pytest.param(4, "0.75", marks=pytest.mark.slow),
+    ],
 )
 def test_validation_metrics_of_one_checkpoint_are_the_same_at_any_world_size(tmp_path, world, limit):
     """7 validation batches (``limit_val_batches``: 5, or 0.75 of 7: the first 5): the ranks evaluate each batch
