@@ -74,7 +74,7 @@ def split_times(
         if not inside.any():
             raise DataError(
                 f"{where(name)}: no initial hour has every context hour ({a} to {b} h) and lead hour "
-                f"({list(task.lead_hours)} h) inside the split; widen its dates or shorten the lead hours."
+                f"({list(task.lead_hours)} h) inside the split; widen its dates or shorten task.lead_hours."
             )
         split = Split(name, target_time[inside], grid_time[inside], hours=target_time[ok])
         split.offset_time, split.offset_hours, split.window, split.grid_offset = at[inside], offsets, b - a + 1, shift
