@@ -2,12 +2,18 @@
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/joint_gp.py --minutes 6 --layers 2 --lr 1e-3 \
         --out benchmarks/results/joint_gp_cpu.md
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/joint_gp.py --model convcnp --separable --layers 4 \
+        --minutes 10 --lr 1e-3 --lr-schedule cosine --clip 0 --mean-gradients marginals marginal \
+        --out benchmarks/results/joint_gp_convcnp_cpu.md
 
-Three TNPs (MLP encoder, transformer over the context, cross-attention into the targets) of the same size are
-trained for the same wall time on the ``gp2d`` task (SE kernel, known length-scale and noise; x ~ U[domain]^2, a
-random number of context points, fixed targets): one with the independent ``gaussian`` likelihood, and one with the
-joint ``lowrank_gaussian`` for each ``--mean-gradients`` (the mean fitted by the joint density, or by the marginal
-ones; the covariance by the joint density either way). On a fixed test set (the same tasks for every model) they
+Models of one architecture and size are trained for the same wall time on the ``gp2d`` task (SE kernel, known
+length-scale and noise; x ~ U[domain]^2, a random number of context points, fixed targets): one with the
+independent ``gaussian`` likelihood, and one with the joint ``lowrank_gaussian`` for each ``--mean-gradients``
+(what fits the mean: the joint density, the marginal ones, or with ``marginals`` the marginal densities fit the
+mean and the marginal scales too and the joint density the correlations). ``--model tnp`` is a TNP (MLP encoder,
+transformer over the context, cross-attention into the targets); ``--model convcnp`` a ConvCNP-like gridded model
+(SetConv onto a square grid, a residual CNN, SetConv back to the targets, the likelihood's MLP head on the result).
+On a fixed test set (the same tasks for every model) they
 are scored with ``gridtnp.joint_metrics.JointScores`` (energy score, variogram score of order 0.5, joint
 log-likelihood per target, coverage of the regional mean's 90 % interval), beside the exact GP's joint predictive
 of the noisy targets under the task's own covariance (``SKIGrid.covariance``, the SKI kernel that drew the data),
@@ -52,16 +58,30 @@ def task_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def model_args(likelihood: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    if args.model == "tnp":
+        slots = {
+            "encoder": {"name": "mlp"},
+            "grid_encoder": {"name": "identity"},
+            "processor": {"name": "transformer", "layers": args.layers},
+            "grid_decoder": {"name": "cross_attention"},
+        }
+    else:  # convcnp: SetConv onto a grid, a residual CNN on it, SetConv back to the targets
+        bound = args.grid_bound
+        slots = {
+            "grid": {"lower": [-bound, -bound], "upper": [bound, bound], "shape": [args.grid_size] * 2},
+            "encoder": {"name": "identity"},
+            "grid_encoder": {"name": "kernel_interpolation"},
+            "processor": {"name": "cnn", "channels": args.dim, "layers": args.layers, "separable": args.separable},
+            "grid_decoder": {"name": "kernel_interpolation"},
+        }
     return {
         "dim_x": 2,
         "dim_y": 1,
         "dim": args.dim,
-        "encoder": {"name": "mlp"},
-        "grid_encoder": {"name": "identity"},
-        "processor": {"name": "transformer", "layers": args.layers},
-        "grid_decoder": {"name": "cross_attention"},
+        **slots,
         "likelihood": likelihood,
         "lr": args.lr,
+        "lr_schedule": args.lr_schedule,
     }
 
 
@@ -112,7 +132,7 @@ def train(likelihood: dict[str, Any], args: argparse.Namespace) -> tuple[NeuralP
     module = NeuralProcessModule(**model_args(likelihood, args))
     trainer = L.Trainer(
         accelerator="cpu", max_time={"seconds": int(args.minutes * 60)}, max_steps=-1, max_epochs=-1,
-        limit_val_batches=0, gradient_clip_val=0.5, logger=False, enable_checkpointing=False,
+        limit_val_batches=0, gradient_clip_val=args.clip or None, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     start = time.perf_counter()
@@ -125,10 +145,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=4.0, help="training wall time per model")
     parser.add_argument("--rank", type=int, default=16, help="rank of the joint likelihood's covariance factor")
-    parser.add_argument("--mean-gradients", nargs="+", default=["marginal", "joint"], choices=["marginal", "joint"])
+    parser.add_argument(
+        "--mean-gradients", nargs="+", default=["marginal", "joint"], choices=["marginal", "marginals", "joint"]
+    )
+    parser.add_argument("--model", default="tnp", choices=["tnp", "convcnp"], help="the architecture of every model")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--grid-size", type=int, default=20, help="convcnp: grid points per dimension")
+    parser.add_argument("--grid-bound", type=float, default=3.0, help="convcnp: the grid spans [-b, b]^2")
+    parser.add_argument("--separable", action="store_true", help="convcnp: depthwise-separable convolutions")
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument(
+        "--lr-schedule", default="constant", choices=["constant", "cosine"], help="cosine: over --minutes"
+    )
+    parser.add_argument("--clip", type=float, default=0.5, help="gradient norm clipping; 0 for none")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lengthscale", type=float, default=1.0)
     parser.add_argument("--noise", type=float, default=0.1)

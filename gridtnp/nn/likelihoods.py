@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-from gridtnp.nn.lowrank_normal import LowRankNormal
+from gridtnp.nn.lowrank_normal import MEAN_GRADIENTS, LowRankNormal
 from gridtnp.nn.mlp import mlp
 from gridtnp.registry import register
 
@@ -130,7 +130,9 @@ class LowRankGaussianLikelihood(nn.Module):
     sample of all targets is coherent (``gridtnp.nn.lowrank_normal``). Trained by the task's joint log-density,
     reported per target point as the independent Gaussian's. Not with ``kriging`` (its layer is per point).
     ``mean_gradient: marginal`` (default) fits the mean by the marginal densities and the covariance by the joint
-    one at that mean (``LowRankNormal.objective``; the loss's value is the joint log-density either way).
+    one at that mean (``LowRankNormal.objective``; the loss's value is the joint log-density either way);
+    ``marginals`` fits the marginal standard deviations by the marginal densities too, and the joint density trains
+    the correlations only, so the marginals learn as the independent ``gaussian``'s do.
 
     Args:
         dim: token width D of the target tokens.
@@ -139,7 +141,7 @@ class LowRankGaussianLikelihood(nn.Module):
         hidden: hidden width of the MLP head; null for ``dim``.
         layers: number of linear layers of the MLP head.
         min_noise: lower bound on the diagonal variance; > 0 (it keeps the covariance invertible).
-        mean_gradient: ``marginal`` or ``joint``: what trains the mean (see above).
+        mean_gradient: ``marginal``, ``marginals`` or ``joint``: what trains the mean (and the scales; see above).
     """
 
     joint = True
@@ -155,8 +157,10 @@ class LowRankGaussianLikelihood(nn.Module):
         mean_gradient: str = "marginal",
     ) -> None:
         super().__init__()
-        if mean_gradient not in ("marginal", "joint"):
-            raise ValueError(f"lowrank_gaussian: mean_gradient must be marginal or joint; got {mean_gradient!r}.")
+        if mean_gradient not in MEAN_GRADIENTS:
+            raise ValueError(
+                f"lowrank_gaussian: mean_gradient must be one of {', '.join(MEAN_GRADIENTS)}; got {mean_gradient!r}."
+            )
         if rank < 1 or min_noise <= 0:
             raise ValueError(f"lowrank_gaussian likelihood: needs rank >= 1 and min_noise > 0; got {rank}, {min_noise}")
         self.head = mlp(dim, dim_y * (2 + rank), hidden or dim, layers)

@@ -12,7 +12,10 @@ to the quadratic form or the log-determinant, and their ``log(2 pi)`` constant i
 gradient reaches the mean only through the marginal densities (weighted least squares) and the covariance only
 through the joint density at the fixed mean. Both parts are proper (maximised by the true mean and covariance), and
 the mean learns as fast as an independent Gaussian's: with the joint gradient, a smooth error of the mean is
-explained as correlated noise by the low-rank part, which slows the mean's fit.
+explained as correlated noise by the low-rank part, which slows the mean's fit. ``mean_gradient="marginals"`` also
+fits each marginal standard deviation by its marginal density, and the correlations (the covariance divided by the
+marginal scales) by the joint density at the fixed mean and scales: the joint density is the marginals' times the
+Gaussian copula's, so the marginals are trained as an independent Gaussian's and the copula adds the correlations.
 """
 
 from __future__ import annotations
@@ -26,14 +29,17 @@ from torch.distributions import Normal
 
 _LOG_2PI = math.log(2 * math.pi)
 
+#: What trains the mean (and with ``marginals`` the marginal scales): see the module's docstring.
+MEAN_GRADIENTS = ("joint", "marginal", "marginals")
+
 
 class LowRankNormal(Normal):
     """Joint Gaussian over a task's targets: ``loc, diag [B, N, Dy]`` (mean, diagonal variance), ``factor
     [B, N, Dy, R]``; its ``Normal`` parameters are the marginals."""
 
     def __init__(self, loc: Tensor, factor: Tensor, diag: Tensor, mean_gradient: str = "joint") -> None:
-        if mean_gradient not in ("joint", "marginal"):
-            raise ValueError(f"mean_gradient must be 'joint' or 'marginal'; got {mean_gradient!r}.")
+        if mean_gradient not in MEAN_GRADIENTS:
+            raise ValueError(f"mean_gradient must be one of {', '.join(MEAN_GRADIENTS)}; got {mean_gradient!r}.")
         self.factor, self.diag, self.mean_gradient = factor, diag, mean_gradient
         super().__init__(loc, (diag + factor.square().sum(-1)).sqrt())
 
@@ -82,10 +88,14 @@ class LowRankNormal(Normal):
         says (see the module)."""
         if self.mean_gradient == "joint" or not torch.is_grad_enabled():
             return self.joint_log_prob(y, mask)
-        joint = LowRankNormal(self.loc.detach(), self.factor, self.diag).joint_log_prob(y, mask)
+        factor, diag, scale = self.factor, self.diag, self.scale.detach()
+        if self.mean_gradient == "marginals":  # the correlations' parts at the fixed scales: values unchanged
+            ratio = scale / self.scale
+            factor, diag, scale = factor * ratio.unsqueeze(-1), diag * ratio.square(), self.scale
+        joint = LowRankNormal(self.loc.detach(), factor, diag).joint_log_prob(y, mask)
         keep = mask.unsqueeze(-1).expand_as(self.loc)
         y = torch.where(keep, y.float(), self.loc.detach())
-        marginal = torch.where(keep, Normal(self.loc, self.scale.detach()).log_prob(y), 0.0).sum((-2, -1))
+        marginal = torch.where(keep, Normal(self.loc, scale).log_prob(y), 0.0).sum((-2, -1))
         return joint + marginal - marginal.detach()
 
     def covariance(self, mask: Tensor | None = None) -> Tensor:
