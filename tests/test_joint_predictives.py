@@ -65,6 +65,37 @@ def test_the_marginal_mean_gradient_keeps_the_joint_value_and_fits_the_mean_by_t
     assert torch.allclose(factor_grad, torch.autograd.grad(fixed.sum(), dist.factor)[0], atol=1e-6)
 
 
+def test_the_marginals_gradient_fits_mean_and_scales_by_the_marginals_and_correlations_by_the_joint() -> None:
+    dist = lowrank(dim_y=1)
+    loc, factor, diag = dist.loc.detach(), dist.factor.detach(), dist.diag.detach()
+    y = torch.randn(3, 5, 1)
+    stretch = torch.zeros(3, 5, 1, requires_grad=True)  # multiplies one component's deviation: its scale alone
+
+    def stretched(how: str) -> torch.Tensor:
+        grow = 1 + stretch
+        return LowRankNormal(loc, factor * grow.unsqueeze(-1), diag * grow.square(), how).objective(y, MASK)
+
+    loc.requires_grad_()
+    value = stretched("marginals")
+    assert torch.allclose(value, dist.joint_log_prob(y, MASK))
+    loc_grad, stretch_grad = torch.autograd.grad(value.sum(), [loc, stretch])
+    z2 = ((y - loc) / dist.stddev).square().detach()
+    valid = MASK.unsqueeze(-1)
+    assert torch.allclose(loc_grad, torch.where(valid, (y - loc) / dist.stddev.square(), 0.0).detach(), atol=1e-5)
+    assert torch.allclose(stretch_grad, torch.where(valid, z2 - 1, 0.0), atol=1e-5)  # d/dlog s of the marginals
+    scale_by_joint = torch.autograd.grad(stretched("marginal").sum(), stretch)[0]
+    assert not torch.allclose(scale_by_joint, stretch_grad, atol=1e-3)
+    # along a change of the factor that keeps every marginal variance, the gradient is the joint density's
+    delta = torch.zeros_like(factor, requires_grad=True)
+    moved = factor + delta
+    kept = diag + factor.square().sum(-1) - moved.square().sum(-1)
+    split = LowRankNormal(loc, moved, kept, "marginals").objective(y, MASK)
+    joint = LowRankNormal(loc, moved, kept).joint_log_prob(y, MASK)
+    got = torch.autograd.grad(split.sum(), delta, retain_graph=True)[0]  # the two share the graph of ``kept``
+    expected = torch.autograd.grad(joint.sum(), delta)[0]
+    assert torch.allclose(got, expected, atol=1e-5) and float(expected.abs().max()) > 1e-3
+
+
 def test_a_rank_zero_factor_gives_the_independent_gaussian() -> None:
     loc, var = torch.randn(2, 4, 1), torch.rand(2, 4, 1) + 0.1
     joint = LowRankNormal(loc, torch.zeros(2, 4, 1, 2), var)
