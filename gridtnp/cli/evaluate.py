@@ -188,11 +188,19 @@ def report_main(args: list[str]) -> None:
         help="hours of the split for the observation-impact map with --compare (0: none; each costs one forward "
         "per station)",
     )
+    parser.add_argument(
+        "--sample_hours",
+        type=int,
+        default=4,
+        help="hours of the split whose joint samples (sample maps, regional mean) are drawn for a joint likelihood "
+        "(lowrank_gaussian; 0: none)",
+    )
     opts, rest = parse_evaluation_args(parser, args, num_tasks=2)
     if opts.out.suffix.lower() not in (".html", ".htm"):
         parser.error(f"--out {opts.out}: expected an .html file name")
-    if opts.impact_hours < 0:
-        parser.error(f"--impact_hours must be >= 0; got {opts.impact_hours}")
+    for name in ("impact_hours", "sample_hours"):
+        if getattr(opts, name) < 0:
+            parser.error(f"--{name} must be >= 0; got {getattr(opts, name)}")
     from gridtnp.report.compare import resolve_model
     from gridtnp.report.page import is_report, write_report
 
@@ -206,6 +214,6 @@ def report_main(args: list[str]) -> None:
         loaded = [(load_checkpoint(configs, ckpt, [*rest, *same]), ckpt, configs) for ckpt, configs in others]
         path = write_report(
             cli, opts.ckpt_path, opts.config, opts.out, opts.split, opts.num_tasks, geographic, loaded,
-            opts.impact_hours,
+            opts.impact_hours, opts.sample_hours,
         )  # fmt: skip
     print(f"gridtnp report: written to {path}")

@@ -7,7 +7,7 @@ and its training step.
 
 * ``write_report(cli, ckpt_path, configs, out, split, num_tasks, geographic, others)``: evaluate and write the
   page; with ``others`` (``--compare``) the scorecard, breakdowns and observation impact
-  (``gridtnp.report.compare``).
+  (``gridtnp.report.compare``); for a joint predictive, its samples (``gridtnp.report.joint_plots``).
 * ``evaluate(cli, split, num_tasks)``: one checkpoint's ``Evaluation`` and metrics; ``scored(name, evaluation)``.
 * ``render_report(...)``: the page as a string; ``metric_table(metrics)``: its table as HTML.
 * ``is_report(path)``: whether ``path`` is a page this command wrote (``--overwrite`` replaces nothing else).
@@ -104,7 +104,8 @@ def render_report(
     split: str,
     sections: str = "",
 ) -> str:
-    """The page: title, provenance, metric table, ``sections`` (HTML: the scorecard of ``--compare``), figures
+    """The page: title, provenance, metric table, ``sections`` (HTML: the scorecard of ``--compare``, the joint
+    samples), figures
     (maps ``task*`` first), recipe texts."""
     esc = html.escape
     facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in provenance.items())
@@ -236,13 +237,15 @@ def write_report(
     geographic: bool | None,
     others: list[tuple[Any, Path, list[str]]] | None = None,
     impact_hours: int = 4,
+    sample_hours: int = 4,
 ) -> Path:
     """Evaluate ``cli.model`` (weights loaded) on ``cli.datamodule``'s ``split`` with ``cli.trainer`` (the metrics of
     ``gridtnp test``), draw ``gridtnp plot``'s figures and write the page to ``out``; with ``others`` (loaded CLIs,
     their checkpoints and recipes), a scorecard of all on the same tasks, breakdowns and the observation-impact map
-    of ``cli.model`` over ``impact_hours`` hours."""
+    of ``cli.model`` over ``impact_hours`` hours; joint samples over ``sample_hours`` hours (0: none)."""
     from gridtnp.report.compare import comparison_sections, recipe_name
     from gridtnp.report.evaluation_plots import split_figures
+    from gridtnp.report.joint_plots import joint_section
     from gridtnp.training.checkpointing import checkpoint_step
 
     module, datamodule = cli.model, cli.datamodule
@@ -255,6 +258,7 @@ def write_report(
         for other, other_ckpt, other_configs in others:
             entries.append(scored(recipe_name(other_configs, other_ckpt), evaluate(other, split, 0)[0]))
         sections = comparison_sections(entries, module, datamodule, split, impact_hours)
+    sections += joint_section(module, datamodule, split, metrics, evaluation.num_tasks, sample_hours)
     model = type(getattr(module, "model", module)).__name__
     recipes = {str(c): redact_text(Path(c).read_text()) for c in configs if Path(c).is_file()}
     provenance = {

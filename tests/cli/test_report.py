@@ -152,6 +152,7 @@ def test_gridtnp_plot_and_report_on_a_station_checkpoint(
     assert "<table>" in text and "heldout" not in re.sub(r"<pre>.*?</pre>", "", text, flags=re.S)
     assert "held-out" in text and "baseline_rmse_physical" in text and "rmse_physical" in text
     assert text.count("data:image/png;base64,") == 6  # two maps, calibration, two station figures, z histogram
+    assert 'id="joint-none"' in text and "no joint covariance" in text  # an independent likelihood: no samples
     assert "http" not in text.split("<h2>Recipe</h2>")[0]
     with pytest.raises(SystemExit):  # an existing page is not replaced without --overwrite
         main(["report", "--config", RECIPE, "--ckpt_path", str(checkpoint), "--out", str(page)])
