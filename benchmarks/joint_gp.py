@@ -3,18 +3,18 @@
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/joint_gp.py --minutes 6 --layers 2 --lr 1e-3 \
         --out benchmarks/results/joint_gp_cpu.md
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/joint_gp.py --model convcnp --separable --layers 4 \
-        --minutes 10 --lr 1e-3 --lr-schedule cosine --clip 0 --mean-gradients marginals marginal \
+        --steps 4000 --lr 1e-3 --lr-schedule cosine --clip 0 --mean-gradients marginals \
         --out benchmarks/results/joint_gp_convcnp_cpu.md
 
-Models of one architecture and size are trained for the same wall time on the ``gp2d`` task (SE kernel, known
-length-scale and noise; x ~ U[domain]^2, a random number of context points, fixed targets): one with the
-independent ``gaussian`` likelihood, and one with the joint ``lowrank_gaussian`` for each ``--mean-gradients``
-(what fits the mean: the joint density, the marginal ones, or with ``marginals`` the marginal densities fit the
-mean and the marginal scales too and the joint density the correlations). ``--model tnp`` is a TNP (MLP encoder,
-transformer over the context, cross-attention into the targets); ``--model convcnp`` a ConvCNP-like gridded model
-(SetConv onto a square grid, a residual CNN, SetConv back to the targets, the likelihood's MLP head on the result).
-On a fixed test set (the same tasks for every model) they
-are scored with ``gridtnp.joint_metrics.JointScores`` (energy score, variogram score of order 0.5, joint
+Models of one architecture and size are trained for the same wall time (``--minutes``) or the same number of steps
+(``--steps``) on the ``gp2d`` task (SE kernel, known length-scale and noise; x ~ U[domain]^2, a random number of
+context points, fixed targets): one with the independent ``gaussian`` likelihood, and one with the joint
+``lowrank_gaussian`` for each ``--mean-gradients`` (what fits the mean: the joint density, the marginal ones, or
+with ``marginals`` the marginal densities fit the mean and the marginal scales and the joint density the
+correlations). ``--model tnp`` is a TNP (MLP encoder, transformer over the context, cross-attention into the
+targets); ``--model convcnp`` a ConvCNP-like gridded model (SetConv onto a square grid, a residual CNN, SetConv
+back to the targets, the likelihood's MLP head on the result). On a fixed test set (the same tasks for every model)
+they are scored with ``gridtnp.joint_metrics.JointScores`` (energy score, variogram score of order 0.5, joint
 log-likelihood per target, coverage of the regional mean's 90 % interval), beside the exact GP's joint predictive
 of the noisy targets under the task's own covariance (``SKIGrid.covariance``, the SKI kernel that drew the data),
 written as a ``LowRankNormal`` of full rank so that every predictive is scored by the same code and samples' seed.
@@ -131,7 +131,8 @@ def train(likelihood: dict[str, Any], args: argparse.Namespace) -> tuple[NeuralP
     )  # fmt: skip
     module = NeuralProcessModule(**model_args(likelihood, args))
     trainer = L.Trainer(
-        accelerator="cpu", max_time={"seconds": int(args.minutes * 60)}, max_steps=-1, max_epochs=-1,
+        accelerator="cpu", max_time=None if args.steps else {"seconds": int(args.minutes * 60)},
+        max_steps=args.steps or -1, max_epochs=-1,
         limit_val_batches=0, gradient_clip_val=args.clip or None, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
@@ -144,6 +145,7 @@ def train(likelihood: dict[str, Any], args: argparse.Namespace) -> tuple[NeuralP
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=4.0, help="training wall time per model")
+    parser.add_argument("--steps", type=int, default=0, help="train every model this many steps instead of --minutes")
     parser.add_argument("--rank", type=int, default=16, help="rank of the joint likelihood's covariance factor")
     parser.add_argument(
         "--mean-gradients", nargs="+", default=["marginal", "joint"], choices=["marginal", "marginals", "joint"]
@@ -210,7 +212,8 @@ def main() -> None:
         "device": device_name(torch.device("cpu")),
         "torch": torch.__version__,
         "commit": commit,
-        "load": f"{load:.2f} at the start (steps per model depend on it: both models get the same wall time)",
+        "load": f"{load:.2f} at the start"
+        + ("" if args.steps else " (steps per model depend on it: every model gets the same wall time)"),
         "task": f"{task_spec(args)}",
         "test set": f"{args.test_batches} batches of {args.batch_size} tasks, seed {args.seed}; {args.samples} "
         "samples per task for the energy and variogram scores (the same seed for every predictive)",
