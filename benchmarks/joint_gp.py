@@ -3,8 +3,11 @@
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/joint_gp.py --minutes 6 --layers 2 --lr 1e-3 \
         --out benchmarks/results/joint_gp_cpu.md
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/joint_gp.py --model convcnp --separable --layers 4 \
-        --steps 4000 --lr 1e-3 --lr-schedule cosine --clip 0 --mean-gradients marginals \
+        --minutes 10 --lr 1e-3 --lr-schedule cosine --clip 0 --mean-gradients marginals marginal \
         --out benchmarks/results/joint_gp_convcnp_cpu.md
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/joint_gp.py --model convcnp --separable --layers 4 \
+        --steps 5000 --lr 1e-3 --lr-schedule cosine --clip 0 --mean-gradients marginals \
+        --out benchmarks/results/joint_gp_convcnp_steps_cpu.md
 
 Models of one architecture and size are trained for the same wall time (``--minutes``) or the same number of steps
 (``--steps``) on the ``gp2d`` task (SE kernel, known length-scale and noise; x ~ U[domain]^2, a random number of
@@ -17,7 +20,8 @@ back to the targets, the likelihood's MLP head on the result). On a fixed test s
 they are scored with ``gridtnp.joint_metrics.JointScores`` (energy score, variogram score of order 0.5, joint
 log-likelihood per target, coverage of the regional mean's 90 % interval), beside the exact GP's joint predictive
 of the noisy targets under the task's own covariance (``SKIGrid.covariance``, the SKI kernel that drew the data),
-written as a ``LowRankNormal`` of full rank so that every predictive is scored by the same code and samples' seed.
+written as a ``LowRankNormal`` of full rank so that every predictive is scored by the same code and samples' seed;
+``--exact-marginals`` adds the exact GP's marginals as an independent predictive (the correlations' share of a score).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.distributions import Normal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import command_line, device_name, git_commit, write_table
@@ -171,12 +176,21 @@ def main() -> None:
     parser.add_argument("--test-batches", type=int, default=16)
     parser.add_argument("--samples", type=int, default=64, help="samples per task of the sample-based scores")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--exact-marginals",
+        action="store_true",
+        help="also score the exact GP's marginals as an independent predictive",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/joint_gp_cpu.md"))
     args = parser.parse_args()
     commit, load = git_commit(), os.getloadavg()[0]
     task = build_from_spec("task", task_spec(args))
     test = FixedTaskSet(task, args.batch_size, args.test_batches, seed=args.seed, split="test")
     predictives: dict[str, Any] = {"exact GP": lambda batch: exact_posterior(task, batch)}
+    if args.exact_marginals:  # the exact marginals without their correlations
+        predictives["exact GP marginals"] = lambda batch: (lambda d: Normal(d.mean, d.stddev))(
+            exact_posterior(task, batch)
+        )
     trained: dict[str, tuple[int, int, float]] = {}
     variants = [("gaussian", {"name": "gaussian"})]
     for how in args.mean_gradients:
