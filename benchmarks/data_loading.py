@@ -3,6 +3,7 @@
     python benchmarks/data_loading.py --small                     # minutes on a laptop CPU
     python benchmarks/data_loading.py --workers 0 2 4 --days 14   # global 0.25 degree store, 14 days (1.4 GB)
     python benchmarks/data_loading.py --scale --hours 48          # prepare + loaders at the paper's scale
+    python benchmarks/data_loading.py --scale --hours 48 --skip-prepare --storage  # bytes per task, 32 GPUs
 
 Cases:
 
@@ -289,6 +290,16 @@ def scale_main(args: argparse.Namespace) -> None:
         rows += cores_rows(str(store), station, common, args.batches, args.repeat)
         write_scale_table(args, rows)
         return
+    if args.storage:  # bytes per task and what 32 GPUs need (benchmarks/storage_rate.py)
+        from storage_rate import recorded_station_rate, storage_rows, table2_cpu_rows
+
+        rate, source = recorded_station_rate(ROOT / "benchmarks" / "results")
+        print(f"station task on one H200: {rate} tasks/s ({source}); multi-source: {args.multisource_gpu_rate} (given)")
+        rates = {"station": rate, "multisource": args.multisource_gpu_rate}
+        rows += storage_rows(str(store), station, common, args.store_dir, rates, args.tasks_per_read, args.batches)
+        rows += table2_cpu_rows(args.store_dir, args.batches, args.repeat)
+        write_scale_table(args, rows)
+        return
     with LocalHTTPServer(store.parent, latency=args.latency) as server:
         sources = {"local": str(store), f"HTTP +{1000 * args.latency:.0f} ms": server.url(store.name)}
         for where, path in sources.items():
@@ -500,6 +511,9 @@ def main() -> None:
         action="store_true",
         help="--scale: only the local station task, 0 and 2 workers beside two loaders in two processes at once",
     )
+    p.add_argument("--storage", action="store_true", help="--scale: bytes per task, the 32-GPU storage rate")
+    p.add_argument("--tasks-per-read", type=int, nargs="+", default=[1, 4], help="--storage: values compared (1 4)")
+    p.add_argument("--multisource-gpu-rate", type=float, default=80.0, help="--storage: tasks/s per GPU assumed")
     args = p.parse_args()
     if args.scale:
         args.store_dir.mkdir(parents=True, exist_ok=True)

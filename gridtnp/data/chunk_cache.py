@@ -29,8 +29,8 @@ class ChunkCache:
     The store is opened on first use in each process (a DataLoader worker opens its own handle) and the handle
     and cached arrays are dropped when pickled. The chunks a read misses are fetched concurrently,
     ``fetch_threads`` at a time (default: 16 for a URL, 1 for a local store), each once. ``reads`` counts chunks
-    read from the store, ``hits`` requests served from memory, ``loaded`` lists the ``(variable, chunk)`` pairs
-    read, for tests and benchmarks.
+    read from the store, ``bytes_read`` their decoded bytes, ``hits`` requests served from memory, ``loaded``
+    lists the ``(variable, chunk)`` pairs read, for tests and benchmarks.
     """
 
     def __init__(
@@ -59,11 +59,13 @@ class ChunkCache:
         # An OrderedDict, not cachetools.LRUCache: a read may need more chunks than ``capacity`` (all are kept until
         # its fields are assembled), and the bookkeeping costs half as much (benchmarks/library_speed.py chunk_lru).
         self._lru: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-        self.reads, self.hits, self.loaded = 0, 0, []
+        self.reads, self.hits, self.loaded, self.bytes_read = 0, 0, [], 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_ds=None, _pid=None, _pool=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[])
+        state.update(
+            _ds=None, _pid=None, _pool=None, _bounds={}, _lru=OrderedDict(), reads=0, hits=0, loaded=[], bytes_read=0
+        )
         return state
 
     def dataset(self) -> xr.Dataset:
@@ -146,6 +148,7 @@ class ChunkCache:
                 ) from err
             for key, data in zip(missing, computed, strict=True):
                 self._lru[key] = np.asarray(data, dtype=np.float32)
+                self.bytes_read += int(np.asarray(data).nbytes)
             self.reads += len(missing)
             self.loaded.extend(missing)
         for key in needed:

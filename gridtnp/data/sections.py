@@ -95,6 +95,9 @@ class StoreConfig:
         allow_stats_overlap: accept a store whose statistics were computed over validation or test hours (by
             default that is refused: ``gridtnp data prepare --train-start/--train-end`` sets the period).
         cache_chunks: time chunks per variable kept in memory in each process.
+        tasks_per_read: training tasks drawn from each time step (or window) read, each with its own context
+            draw, stations and block layout (or targets): a batch of ``B`` holds ``ceil(B / tasks_per_read)``
+            distinct hours and reads that many from storage. 1 (the default): every task its own random hour.
         region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store): only its spatial
             chunks are read (``lon_min > lon_max``: a box across the date line, read as one run past 180 degrees,
             140 to 200 for ``140, -160``).
@@ -107,9 +110,11 @@ class StoreConfig:
     allow_stats_overlap: bool = False
     cache_chunks: int = 8
     region: tuple[float, float, float, float] | None = None
+    tasks_per_read: int = 1
 
     def __post_init__(self) -> None:
         check_count("store.cache_chunks", self.cache_chunks, 1)
+        check_count("store.tasks_per_read", self.tasks_per_read, 1)
         region = self.region
         if region is not None:
             if isinstance(region, str) or not isinstance(region, Sequence) or len(region) != 4:

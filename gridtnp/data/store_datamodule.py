@@ -6,6 +6,8 @@ the embedded sample (date splits, a chunk cache), and what their task samplers s
   ``chunk_cache(variables, region)``, ``split_hours(ds, path) -> {split: time indices [T]}``.
 * ``default_cache_dir()``: where the embedded sample is prepared (``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``).
 * ``masked_observations(x [B, N, Dx], y [B, N, Dy], mask [B, N], name)``: ``Observations`` with masked values zeroed.
+* ``read_draws(count, batch_size, generator, tasks_per_read)``: ``[B]`` random draws of ``range(count)``, each
+  repeated for ``tasks_per_read`` tasks in a row (``store.tasks_per_read``).
 
 ``StoreDataModule.variable_metadata()`` describes the data for checkpoints (``NeuralProcessModule`` saves it), so
 that ``gridtnp.predictions.predict`` can normalise a user's physical-unit inputs from a checkpoint alone.
@@ -46,6 +48,14 @@ def masked_observations(x: torch.Tensor, y: np.ndarray, mask: np.ndarray, name: 
     return Observations(x.contiguous(), torch.from_numpy(y), torch.from_numpy(np.ascontiguousarray(mask)), name)
 
 
+def read_draws(count: int, batch_size: int, generator: torch.Generator, tasks_per_read: int = 1) -> np.ndarray:
+    """``[B]`` indices drawn uniformly from ``range(count)``, each drawn one repeated for ``tasks_per_read`` tasks in
+    a row (``ceil(B / tasks_per_read)`` draws); with 1, the one ``torch.randint`` draw every task always had."""
+    draws = -(-batch_size // tasks_per_read)
+    picked = torch.randint(count, (draws,), generator=generator).numpy()
+    return picked if tasks_per_read == 1 else np.repeat(picked, tasks_per_read)[:batch_size]
+
+
 def default_cache_dir() -> Path:
     """Where the embedded sample is prepared: ``$GRIDTNP_CACHE`` or ``~/.cache/gridtnp``."""
     return Path(os.environ.get("GRIDTNP_CACHE") or Path.home() / ".cache" / "gridtnp")
@@ -82,7 +92,7 @@ class StoreDataModule(TaskDataModule):
         self.store, self.storage_options = config.path, config.storage_options
         self.convert_layout, self.stats = config.convert_layout, dict(config.stats or {})
         self.allow_stats_overlap, self.cache_chunks = config.allow_stats_overlap, config.cache_chunks
-        self.region = config.region
+        self.region, self.tasks_per_read = config.region, config.tasks_per_read
         self.dates = self.split_dates.as_dict()
         self._metadata: dict[str, Any] | None = None
 

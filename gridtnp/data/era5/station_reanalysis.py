@@ -397,4 +397,4 @@ class StationReanalysisDataModule(StoreDataModule):
         assert self.task is not None
         if name == "train":  # here, in the main process: DataLoader workers inherit the tables instead of each
             self.task.build_tables("train")  # building them in its first batches
-        return SplitTask(self.task, self.splits[name])
+        return SplitTask(self.task, self.splits[name], self.tasks_per_read if name == "train" else 1)

@@ -23,7 +23,7 @@ from gridtnp.data.era5.blocks import BlockLayout, LayoutTables, draw_layouts
 from gridtnp.data.era5.coverage_masks import dropout_mask, trim_mask
 from gridtnp.data.era5.forecast_times import Split, forecast_batch
 from gridtnp.data.era5.station_options import CoverageDropout
-from gridtnp.data.store_datamodule import masked_observations
+from gridtnp.data.store_datamodule import masked_observations, read_draws
 
 
 class StationReanalysisTask:
@@ -264,13 +264,15 @@ class StationReanalysisTask:
 
 
 class SplitTask:
-    """The ``Task`` interface (``sample(batch_size, generator)``) of one split, for the shared task streams."""
+    """The ``Task`` interface (``sample(batch_size, generator)``) of one split, for the shared task streams;
+    ``tasks_per_read`` tasks in a row share an hour (one read), each with its own draws."""
 
-    def __init__(self, task: StationReanalysisTask, split: Split) -> None:
-        self.task, self.split = task, split
+    def __init__(self, task: StationReanalysisTask, split: Split, tasks_per_read: int = 1) -> None:
+        self.task, self.split, self.tasks_per_read = task, split, tasks_per_read
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        return self.task.sample(batch_size, generator, self.split, training=self.split.name == "train")
+        pick = read_draws(len(self.split.target_time), batch_size, generator, self.tasks_per_read)
+        return self.task.sample(batch_size, generator, self.split, pick, training=self.split.name == "train")
 
 
 class HourSet(Dataset):
