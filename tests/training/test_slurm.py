@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.recording import read_records
 
@@ -123,23 +124,24 @@ def query(env: dict[str, str], *command: str) -> str:
     return subprocess.run(list(command), env=env, capture_output=True, text=True).stdout.strip()
 
 
-def fit_args(run_dir: Path, records: Path, pause_at_step: int | None = None) -> list[str]:
-    """The options after RECIPE RUN_DIR: a small CNP on 1-D GP tasks, on the CPU, recording losses and tasks."""
+def fit_args(run_dir: Path, records: Path, pause_at_step: int | None = None, tasks: int = 1) -> list[str]:
+    """The options after RECIPE RUN_DIR: a small CNP on 1-D GP tasks, on the CPU, ``tasks`` DDP ranks (epochs of 5
+    steps on each), recording losses and tasks and logging the training loss at every step."""
     callback: dict = {"class_path": "tests.recording.Record", "init_args": {"out": str(records)}}
     if pause_at_step is not None:
         callback["init_args"].update(pause_at_step=pause_at_step, pause_seconds=8.0)
     return [
-        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.devices", "1",
+        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.devices", str(tasks),
         "--model.init_args.dim", "32", "--trainer.max_steps", "12", "--data.init_args.loader.batch_size", "8",
-        "--data.init_args.loader.train_batches", "5", "--data.init_args.loader.val_batches", "3",
+        "--data.init_args.loader.train_batches", str(5 * tasks), "--data.init_args.loader.val_batches", "3",
         "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
-        "--trainer.callbacks", json.dumps([callback]),
+        "--trainer.log_every_n_steps", "1", "--trainer.callbacks", json.dumps([callback]),
     ]  # fmt: skip
 
 
-def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp_path):
-    recipe = str(ROOT / "recipes" / "gp1d_cnp.yaml")
-    env = {
+def job_env(slurm: dict[str, str]) -> dict[str, str]:
+    """The environment of ``sbatch`` and of the reference runs: this checkout's ``gridtnp`` and one torch thread."""
+    return {
         **slurm,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(ROOT),
@@ -147,6 +149,16 @@ def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp
         "PYTHONWARNINGS": "ignore",
         "GRIDTNP_ALLOW_IMPORTS": "tests",
     }
+
+
+def job_state(env: dict[str, str], job: str) -> str:
+    """The job's state in ``squeue`` ("" once it has left the queue)."""
+    return query(env, "squeue", "-h", "-j", job, "-o", "%T")
+
+
+def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp_path):
+    recipe = str(ROOT / "recipes" / "gp1d_cnp.yaml")
+    env = job_env(slurm)
     reference = [sys.executable, "-m", "gridtnp.cli", "fit", "--config", recipe, "--trainer.strategy", "ddp",
                  "--trainer.default_root_dir", str(tmp_path / "ref"),
                  *fit_args(tmp_path / "ref", tmp_path / "ref_rec")]  # fmt: skip
@@ -163,14 +175,11 @@ def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp
     wait((records / "paused").exists, "the job to reach step 4", 300)
     subprocess.run(["scontrol", "requeue", job], env=env, check=True)
 
-    def state() -> str:
-        return query(env, "squeue", "-h", "-j", job, "-o", "%T")
-
-    wait(lambda: state() == "PENDING", "the requeued job to be pending", 120)
+    wait(lambda: job_state(env, job) == "PENDING", "the requeued job to be pending", 120)
     subprocess.run(
         ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True
     )  # skip the requeue delay
-    wait(lambda: state() == "", "the relaunched job to finish", 600)
+    wait(lambda: job_state(env, job) == "", "the relaunched job to finish", 600)
 
     log = next(tmp_path.glob("job-*.out")).read_text()
     assert "gridtnp: stopped by SIGTERM after step 5; saved " in log
@@ -182,3 +191,56 @@ def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp
     for step in expected:
         assert got[step]["task"] == expected[step]["task"], f"step {step} trained on other tasks"
         assert abs(got[step]["loss"] - expected[step]["loss"]) <= 1e-6, (step, got[step], expected[step])
+
+
+def test_requeue_signal_to_a_two_task_job_saves_one_step_and_its_loss_curve_continues(slurm, tmp_path):
+    """``sbatch --ntasks=2`` on one node (2 CPU ranks, gloo) of ``fit_1node.sbatch``; SIGUSR1 to the job's tasks
+    while they are in step 3 (``scancel --signal=USR1``: what ``--signal=SIGUSR1@90`` sends at the time limit).
+    Both ranks finish step 3 and save it together (mid-epoch: no other checkpoint holds step 3), rank 0 requeues the
+    job with the real ``scontrol requeue``, Slurm runs the template again, and it resumes at step 4 and ends at step
+    12. Every rank trains on the same tasks with the same losses (1e-6) as an uninterrupted 2-process run, and the
+    TensorBoard loss curve of the run directory has every step once, continuing from the saved step."""
+    recipe = str(ROOT / "recipes" / "gp1d_cnp.yaml")
+    env = job_env(slurm)
+    reference = [sys.executable, "-m", "gridtnp.cli", "fit", "--config", recipe, "--trainer.strategy", "ddp",
+                 "--trainer.default_root_dir", str(tmp_path / "ref"), "--trainer.logger", "false",
+                 *fit_args(tmp_path / "ref", tmp_path / "ref_rec", tasks=2)]  # fmt: skip
+    done = subprocess.run(reference, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    run_dir, records = tmp_path / "run", tmp_path / "rec"
+    submit = [
+        "sbatch", "--parsable", "--gres=none", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=1",
+        "--time=20", f"--output={tmp_path}/job-%j.out", str(ROOT / "recipes" / "slurm" / "fit_1node.sbatch"), recipe,
+        str(run_dir), *fit_args(run_dir, records, pause_at_step=2, tasks=2),
+    ]  # fmt: skip
+    job = subprocess.run(submit, env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    wait((records / "paused").exists, "the job to reach step 2", 300)
+    subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True)  # the job step's tasks, not the shell
+    # Only gridtnp's `scontrol requeue` puts the job back in the queue: the signal alone does not.
+    wait(lambda: job_state(env, job) == "PENDING", "the job to requeue itself", 180)
+    subprocess.run(
+        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True
+    )  # skip the requeue delay
+    wait(lambda: job_state(env, job) == "", "the relaunched job to finish", 600)
+
+    log = next(tmp_path.glob("job-*.out")).read_text()
+    assert "x 2 ranks x 1 accumulated (1 node(s) x 2 device(s)" in log
+    # Not asserted: the line "gridtnp: stopped by SIGUSR1 after step 3; saved ...; requeued Slurm job N", which the
+    # SIGTERM Slurm sends to the tasks of a requeued job can cut off (it comes after the save and the requeue).
+    assert "(global step 3)" in log and "resuming from" in log and "gridtnp: fit done at step 12" in log
+    assert "Restarts=1" in query(env, "scontrol", "show", "job", job)
+    for rank in (0, 1):
+        expected = {r["step"]: r for r in read_records(tmp_path / "ref_rec", rank) if r["kind"] == "train"}
+        steps = [r["step"] for r in read_records(records, rank) if r["kind"] == "train"]
+        assert steps == list(range(1, 13)), (rank, steps)  # nothing redone, nothing skipped
+        for r in read_records(records, rank):
+            if r["kind"] == "train":
+                assert r["task"] == pytest.approx(expected[r["step"]]["task"], rel=1e-9), (rank, r["step"])
+                assert abs(r["loss"] - expected[r["step"]]["loss"]) <= 1e-6, (rank, r, expected[r["step"]])
+    events = EventAccumulator(str(run_dir / "lightning_logs" / "version_0"))
+    events.Reload()
+    curve = events.Scalars("train/loss")  # logged by rank 0 at step index 0..11, from both segments of the job
+    assert [e.step for e in curve] == list(range(12))
+    expected = {r["step"]: r["loss"] for r in read_records(tmp_path / "ref_rec") if r["kind"] == "train"}
+    assert [e.value for e in curve] == pytest.approx([expected[step] for step in range(1, 13)], abs=1e-6)
