@@ -29,11 +29,15 @@ from gridtnp.data.sections import from_flat_arguments
 
 TABLE2_REGION = (25.0, 48.75, -125.0, -66.25)  # recipes/paper/table2_*.yaml: 96 x 236 points
 TABLE2_SOURCES = ["u@700", "v@700", "u@850", "v@850", "u@1000", "v@1000"]
+TABLE2_DATES = {"train_dates": ("2019-01-01", "2019-03-31"), "val_dates": ("2019-04-01", "2019-04-05"),
+                "test_dates": ("2019-04-06", "2019-04-10")}  # fmt: skip
 
 
-def table2_store(directory: Path, hours: int) -> Path:
+def table2_store(directory: Path, hours: int = 2400) -> Path:
     """A store shaped like the Table 2 recipes' ``era5_wind_us.zarr``: ``u``, ``v [hours, 3, 96, 236]`` float32
-    (levels 700, 850, 1000 hPa) in time chunks of ``auto_time_chunk`` (15 steps), a smooth field plus noise."""
+    (levels 700, 850, 1000 hPa) in time chunks of ``auto_time_chunk`` (15 steps), a smooth field plus noise;
+    100 days by default, so that a batch's 8 windows seldom share a chunk (as over the recipes' 9 years)."""
+    import dask.array as da
     import xarray as xr
 
     path = directory / f"synthetic_wind_us_{hours}h.zarr"
@@ -41,21 +45,29 @@ def table2_store(directory: Path, hours: int) -> Path:
         return path
     lat = np.arange(TABLE2_REGION[0], TABLE2_REGION[1] + 0.125, 0.25)
     lon = np.arange(TABLE2_REGION[2], TABLE2_REGION[3] + 0.125, 0.25)
-    level = np.array([700.0, 850.0, 1000.0])
-    rng = np.random.default_rng(0)
-    hour = np.arange(hours)[:, None, None, None]
-    smooth = 10.0 * np.sin(2 * np.pi * hour / 24.0 + np.deg2rad(lon)) * np.cos(np.deg2rad(lat))[:, None]
+    shape = (hours, 3, lat.size, lon.size)
+
+    def block(block_info: dict | None = None) -> np.ndarray:
+        (t0, t1), *_ = block_info[None]["array-location"]
+        hour = np.arange(t0, t1)[:, None, None, None]
+        smooth = 10.0 * np.sin(2 * np.pi * hour / 24.0 + np.deg2rad(lon)) * np.cos(np.deg2rad(lat))[:, None]
+        noise = np.random.default_rng(t0).standard_normal((t1 - t0, *shape[1:]), dtype=np.float32)
+        return (smooth + noise).astype(np.float32)
+
+    probe = xr.Dataset({"u": (("time", "level", "latitude", "longitude"), da.zeros(shape, np.float32, chunks=-1))})
+    chunks = da.core.normalize_chunks((auto_time_chunk(probe), *shape[1:]), shape)
+    dims = ("time", "level", "latitude", "longitude")
     data = {
-        v: (("time", "level", "latitude", "longitude"), (smooth + rng.standard_normal((hours, 3, lat.size, lon.size)))
-            .astype(np.float32), {"units": "m s**-1"})
+        v: (dims, da.map_blocks(block, dtype=np.float32, chunks=chunks, meta=np.array((), np.float32)),
+            {"units": "m s**-1"})
         for v in ("u", "v")
     }  # fmt: skip
-    coords = {"time": pd.date_range("2019-01-01", periods=hours, freq="h"), "level": level}
+    coords = {"time": pd.date_range("2019-01-01", periods=hours, freq="h"), "level": [700.0, 850.0, 1000.0]}
     ds = xr.Dataset(data, coords={**coords, "latitude": lat, "longitude": lon})
     ds.attrs[STATS_ATTR] = {v: {"mean": 0.0, "std": 7.0} for v in ("u", "v")}
     ds.attrs[PROVENANCE_ATTR] = {"created_by": "benchmarks/storage_rate.py (synthetic)"}
     tmp = path.with_name(path.name + ".tmp")
-    ds.chunk({"time": auto_time_chunk(ds)}).to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
+    ds.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
     tmp.rename(path)
     return path
 
@@ -79,17 +91,18 @@ def chunk_bytes(store: str, variable: str, region: dict[str, slice]) -> tuple[fl
 
 def read_volume(make: Callable[[int], Any], tasks_per_read: int, batches: int) -> dict[str, float]:
     """Bytes read from storage per task (decoded and on disk), chunks per task and distinct hours per batch of one
-    process's training loader (0 workers: the chunk cache's counters are this process's)."""
+    process's training loader (0 workers: the chunk cache's counters are this process's), each batch from an empty
+    cache: the tasks of a batch share what it reads, and a short store's reuse across batches is not counted."""
     dm = make(tasks_per_read)
     dm.setup()
-    tasks, hours = 0, []
+    tasks, hours, cache = 0, [], dm.task.cache
     for batch in dm.train_dataloader():
+        cache._lru.clear()  # no chunk kept for the next batch: a store of years, sampled at random, keeps none
         tasks += batch.batch_size
         hour = batch.extras.get("hour", batch.extras.get("start_hour"))
         hours.append(len(np.unique(hour.numpy())))
         if len(hours) == batches:
             break
-    cache = dm.task.cache
     size = {v: chunk_bytes(cache.store, v, cache.region) for v in cache.variables}
     return {
         "decoded": sum(size[v][0] for v, _ in cache.loaded) / tasks,
@@ -113,9 +126,8 @@ def storage_rows(
     gpus: int = 32,
 ) -> list[dict[str, Any]]:
     """Rows of bytes per task and the ``gpus``-GPU storage rate for the three cases, each ``tasks_per_read``."""
-    wind = str(table2_store(store_dir, 240))
-    wind_dates = {"train_dates": ("2019-01-01", "2019-01-08"), "val_dates": ("2019-01-09",) * 2,
-                  "test_dates": ("2019-01-10",) * 2}  # fmt: skip
+    wind = str(table2_store(store_dir))
+    wind_dates = TABLE2_DATES
     cases = {
         "station task (era5_swin_global.yaml data)": (
             lambda k: from_flat_arguments(
@@ -175,9 +187,8 @@ def table2_module(store: str, dates: dict[str, Any], batches: int, tasks_per_rea
 
 def table2_cpu_rows(store_dir: Path, batches: int, repeat: int) -> list[dict[str, Any]]:
     """Tasks per CPU second of the Table 2 multi-source task in one process (0 workers), the median of ``repeat``."""
-    store = str(table2_store(store_dir, 240))
-    dates = {"train_dates": ("2019-01-01", "2019-01-08"), "val_dates": ("2019-01-09",) * 2,
-             "test_dates": ("2019-01-10",) * 2}  # fmt: skip
+    store = str(table2_store(store_dir))
+    dates = TABLE2_DATES
     rates = []
     for _ in range(repeat):
         dm = table2_module(store, dates, batches + 1)
