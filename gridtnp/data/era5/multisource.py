@@ -102,14 +102,15 @@ class MultiSourceTask:
         mask_t = np.isfinite(y_t).all(-1)
 
         low, high = self.context_fraction
-        context = {}
+        context, rows = {}, (np.arange(b) * p)[:, None]  # [B, 1] each row's first flat index
         for s in self.sources:
             share = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64).numpy()
             n_c = np.floor(share * p).astype(np.int64)  # [B]
             # A random order of the points, target points of a target variable last: its context never holds them.
             order = torch.rand(b, p, generator=generator).numpy()
             if s in self.targets:
-                np.putmask(order, is_target, np.float32(2.0))  # in place: the array is this draw's own
+                if not dense:  # in place (the array is this draw's own), at the targets alone
+                    order.reshape(-1)[idx_t + rows] = np.float32(2.0)
                 n_c = np.minimum(n_c, p - n_t)
             width = max(int(n_c.max()), 1)
             idx_c = first_by_key(order, width)  # [B, Nc]
