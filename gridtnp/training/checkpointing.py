@@ -252,6 +252,7 @@ class Checkpoint(ModelCheckpoint):
             trainer.limit_val_batches = 0  # no validation on the way out (Lightning runs one when should_stop is set)
             if stop == self.signals.requeue_signal and self.requeued is None:
                 self.requeued = requeue_job() if trainer.is_global_zero else ""
+                self.signals.requeued = True  # every rank: Slurm's SIGTERM to the requeued tasks is ignored from now
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)

@@ -100,6 +100,7 @@ class SignalPath:
     def __init__(self) -> None:
         self.received: dict[int, bool] = {}
         self.requeue_signal: int | None = None
+        self.requeued = False  # set once this run asked Slurm to requeue it (see ``restore``)
         self._previous: dict[int, Any] = {}
 
     def install(self, trainer: L.Trainer) -> None:
@@ -113,7 +114,11 @@ class SignalPath:
             signal.signal(signum, self._on_signal)
 
     def restore(self) -> None:
+        """Give the signals back; after a requeue SIGTERM stays ignored: Slurm sends it to the tasks of a requeued
+        job while they shut down, and it must not cut the run's last lines (the save and the requeue are done)."""
         for signum, handler in self._previous.items():
+            if signum == signal.SIGTERM and self.requeued:
+                handler = signal.SIG_IGN
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 

@@ -100,3 +100,23 @@ def test_ctrl_c_once_saves_the_step_without_validation_and_twice_stops_at_once(t
     assert f"kept {os.path.relpath(last, tmp_path)} (step 4)" in line and "resume with: gridtnp fit" in line
     assert "Detected KeyboardInterrupt" not in out2 + err2 and "Traceback" not in err2
     assert unusable_reason(last) is None and torch.load(last, weights_only=True)["global_step"] == 4
+
+
+def test_sigterm_stays_ignored_after_a_requeue_so_the_last_lines_are_printed():
+    before = signal.getsignal(signal.SIGTERM)
+    path = SignalPath()
+    path._previous[signal.SIGTERM] = before
+    signal.signal(signal.SIGTERM, path._on_signal)
+    path.requeued = True  # what the checkpoint callback sets once `scontrol requeue` ran
+    try:
+        path.restore()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGTERM)  # Slurm's SIGTERM to a requeued task: the process lives on
+        time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    unrequeued = SignalPath()
+    unrequeued._previous[signal.SIGTERM] = before
+    signal.signal(signal.SIGTERM, unrequeued._on_signal)
+    unrequeued.restore()
+    assert signal.getsignal(signal.SIGTERM) is before

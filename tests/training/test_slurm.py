@@ -226,8 +226,9 @@ def test_requeue_signal_to_a_two_task_job_saves_one_step_and_its_loss_curve_cont
 
     log = next(tmp_path.glob("job-*.out")).read_text()
     assert "x 2 ranks x 1 accumulated (1 node(s) x 2 device(s)" in log
-    # Not asserted: the line "gridtnp: stopped by SIGUSR1 after step 3; saved ...; requeued Slurm job N", which the
-    # SIGTERM Slurm sends to the tasks of a requeued job can cut off (it comes after the save and the requeue).
+    # Slurm sends SIGTERM to the tasks of a requeued job while they exit; it is ignored from the requeue on, so the
+    # run's last line is printed.
+    assert "gridtnp: stopped by SIGUSR1 after step 3; saved " in log and f"requeued Slurm job {job}" in log
     assert "(global step 3)" in log and "resuming from" in log and "gridtnp: fit done at step 12" in log
     assert "Restarts=1" in query(env, "scontrol", "show", "job", job)
     for rank in (0, 1):
