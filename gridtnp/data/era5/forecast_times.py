@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from gridtnp.batch import Batch, Observations, declare_extras
+from gridtnp.data.era5.forecast_hours import forecast_offsets, initial_hours
 from gridtnp.data.era5.station_options import StationPredictConfig, StationTaskConfig
 from gridtnp.data.layout import DataError
 from gridtnp.data.store_datamodule import masked_observations
@@ -68,14 +69,8 @@ def split_times(
             splits[name] = Split(name, target_time[ok], grid_time[ok])
             continue
         a, b = task.context_hours
-        offsets = [*range(a, b + 1), *task.lead_hours]
-        at = np.stack([time.get_indexer(time[target_time] + pd.Timedelta(hours=h)) for h in offsets], -1)  # [T, O]
-        inside = ok & np.isin(at, target_time).all(-1)
-        if not inside.any():
-            raise DataError(
-                f"{where(name)}: no initial hour has every context hour ({a} to {b} h) and lead hour "
-                f"({list(task.lead_hours)} h) inside the split; widen its dates or shorten task.lead_hours."
-            )
+        offsets = forecast_offsets(task)
+        at, inside = initial_hours(time, target_time, task, where(name), ok)  # [T, O], [T]
         split = Split(name, target_time[inside], grid_time[inside], hours=target_time[ok])
         split.offset_time, split.offset_hours, split.window, split.grid_offset = at[inside], offsets, b - a + 1, shift
         splits[name] = split

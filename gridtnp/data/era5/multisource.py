@@ -3,7 +3,9 @@
 
 A task is a lat/lon box over ``window`` consecutive hours, every point at ``x = (hour, lat, lon)``: one context
 source per variable / level (``x [B, N, 3]``, ``y [B, N, 1]``) and targets ``x [B, Nt, 3]``,
-``y [B, Nt, len(target_variables)]``. Details in the DataModule's docstring.
+``y [B, Nt, len(target_variables)]``; a forecast task (``task.context_hours``, ``task.lead_hours``) draws its
+contexts at the context hours and its targets at the lead hours of an initial hour ``t``, the hour column then
+the hours from ``t``. Details in the DataModule's docstring.
 """
 
 from __future__ import annotations
@@ -16,12 +18,19 @@ import torch
 import xarray as xr
 from torch.utils.data import DataLoader, Dataset
 
-from gridtnp.batch import Batch
+from gridtnp.batch import Batch, declare_extras
 from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.datamodules import generator_from
-from gridtnp.data.era5.sources import DEFAULT_MULTISOURCE_TASK, MULTISOURCE_LOADER, MultiSourceTaskConfig, Source
+from gridtnp.data.era5.forecast_hours import initial_hours
+from gridtnp.data.era5.sources import (
+    DEFAULT_MULTISOURCE_TASK,
+    MULTISOURCE_LOADER,
+    MultiSourceTaskConfig,
+    Source,
+    level_indices,
+)
 from gridtnp.data.era5.to_xarray import Variable, window_predictions
-from gridtnp.data.layout import DIMS, DataError, coverage
+from gridtnp.data.layout import DataError, coverage
 from gridtnp.data.sections import (
     DEFAULT_SPLITS,
     DEFAULT_STORE,
@@ -34,6 +43,11 @@ from gridtnp.data.sections import (
 from gridtnp.data.store import normalisation_stats, select
 from gridtnp.data.store_datamodule import StoreDataModule, masked_observations, read_draws
 from gridtnp.registry import register
+
+declare_extras(
+    "MultiSourceDataModule",
+    {"lead_hours": ("[B, Nt]", "hours from the task's initial hour to each target's hour: the lead_<h>h/ metrics")},
+)
 
 
 class MultiSourceTask:
@@ -50,6 +64,8 @@ class MultiSourceTask:
         window: int,
         context_fraction: tuple[float, float],
         target_fraction: float,
+        hours: Sequence[int] | None = None,
+        roles: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.cache, self.sources, self.level_index = cache, list(sources), level_index
         self.targets = [s for s in self.sources if s.name in targets]  # context-source order
@@ -58,6 +74,12 @@ class MultiSourceTask:
         self.x_np = np.ascontiguousarray(x, dtype=np.float32)  # [P, 3] (hour in window, lat, lon) of every point
         self.x = torch.from_numpy(self.x_np)
         self.window, self.context_fraction, self.target_fraction = window, context_fraction, target_fraction
+        # Forecast tasks: the hours from t of x's time slices, ``roles`` = (context slices, target slices) [T] each.
+        self.offsets = np.arange(window) if hours is None else np.asarray(hours, dtype=np.int64)
+        self.pools: tuple[np.ndarray, np.ndarray] | None = None  # [P] each: points a context / target may use
+        if roles is not None:
+            per_slice = len(self.x_np) // len(self.offsets)
+            self.pools = (np.repeat(roles[0], per_slice), np.repeat(roles[1], per_slice))
 
     def points(self, idx: np.ndarray) -> torch.Tensor:
         """``x [B, N, 3]`` of the points ``idx [B, N]`` (a numpy gather: a third of torch's indexing cost)."""
@@ -79,7 +101,7 @@ class MultiSourceTask:
         """
         b, p = batch_size, self.x.shape[0]
         pick = np.asarray(starts) if dense else starts[read_draws(len(starts), b, generator, tasks_per_read)]  # [B]
-        steps = (pick[:, None] + np.arange(self.window)).reshape(-1)  # [B * T]
+        steps = (pick[:, None] + self.offsets).reshape(-1)  # [B * T]
         variables = list(dict.fromkeys(s.variable for s in self.sources))
         fields = dict(zip(variables, self.cache.read([(v, steps) for v in variables]), strict=True))
         raw = {}  # [B, P] per source, in the store's units (normalised once gathered: the same floats, fewer)
@@ -90,14 +112,19 @@ class MultiSourceTask:
         def normalised(name: str, idx: np.ndarray) -> np.ndarray:
             return (rows_take(raw[name], idx) - self.mean[name]) / self.std[name]
 
-        # Targets: a share `target_fraction` of the points, where every target variable is finite.
-        n_t = max(round(self.target_fraction * p), 1)
-        is_target = np.zeros((b, p), dtype=bool)
+        # Targets: a share `target_fraction` of the points (forecasts: of the lead hours'), every target variable
+        # finite. Forecasts draw keys for every point, those outside a pool last, so both tasks use one generator.
+        in_context, in_target = self.pools if self.pools is not None else (None, None)
+        p_c, p_t = (p, p) if self.pools is None else (int(in_context.sum()), int(in_target.sum()))
+        n_t = max(round(self.target_fraction * p_t), 1)
         if dense:
-            n_t, idx_t = 0, np.tile(np.arange(p), (b, 1))  # n_t = 0: contexts may use every point
+            n_t = 0  # contexts may use every point
+            idx_t = np.tile(np.arange(p) if in_target is None else np.flatnonzero(in_target), (b, 1))
         else:
-            idx_t = first_by_key(torch.rand(b, p, generator=generator).numpy(), n_t)  # [B, Nt]
-            np.put_along_axis(is_target, idx_t, True, axis=1)
+            keys = torch.rand(b, p, generator=generator).numpy()
+            if in_target is not None:
+                keys[:, ~in_target] = np.float32(2.0)
+            idx_t = first_by_key(keys, n_t)  # [B, Nt]
         y_t = np.stack([normalised(s.name, idx_t) for s in self.targets], -1)  # [B, Nt, Dy]
         mask_t = np.isfinite(y_t).all(-1)
 
@@ -105,13 +132,17 @@ class MultiSourceTask:
         context, rows = {}, (np.arange(b) * p)[:, None]  # [B, 1] each row's first flat index
         for s in self.sources:
             share = low + (high - low) * torch.rand(b, generator=generator, dtype=torch.float64).numpy()
-            n_c = np.floor(share * p).astype(np.int64)  # [B]
+            n_c = np.floor(share * p_c).astype(np.int64)  # [B]
             # A random order of the points, target points of a target variable last: its context never holds them.
             order = torch.rand(b, p, generator=generator).numpy()
+            if in_context is not None:
+                order[:, ~in_context] = np.float32(3.0)
             if s in self.targets:
                 if not dense:  # in place (the array is this draw's own), at the targets alone
                     order.reshape(-1)[idx_t + rows] = np.float32(2.0)
-                n_c = np.minimum(n_c, p - n_t)
+                # The points left to the context: its pool less the targets in it (forecasts: at lead 0 only).
+                free = p - n_t if in_context is None else p_c if dense else p_c - in_context[idx_t].sum(1)
+                n_c = np.minimum(n_c, free)
             width = max(int(n_c.max()), 1)
             idx_c = first_by_key(order, width)  # [B, Nc]
             y_c = normalised(s.name, idx_c)[..., None]
@@ -120,6 +151,8 @@ class MultiSourceTask:
 
         target = masked_observations(self.points(idx_t), y_t, mask_t, "target")
         extras = {"start_hour": torch.from_numpy(pick.astype(np.int64))}
+        if self.pools is not None:  # hours from t of each target: the lead_<h>h/ metrics
+            extras["lead_hours"] = target.x[..., 0].clone()
         if len(self.targets) == 1:  # metrics in physical units need one scale per task
             extras["target_scale"] = torch.full((b,), float(self.std[self.targets[0].name]))
         return Batch(context, target, extras)
@@ -157,7 +190,8 @@ class _WindowTask:
 
 
 class _WindowPredictSet(Dataset):
-    """Prediction batches of a ``MultiSourceDataModule``: non-overlapping windows of the test split, in order."""
+    """Prediction batches of a ``MultiSourceDataModule``: non-overlapping windows of the test split, in order (forecast
+    tasks: every initial hour)."""
 
     def __init__(self, dm: MultiSourceDataModule) -> None:
         self.task, self.batch_size, self.seed = dm.task, dm.batch_size, dm.seed
@@ -167,7 +201,7 @@ class _WindowPredictSet(Dataset):
             if start >= next_free:
                 chosen.append(start)
                 next_free = start + dm.window
-        self.starts = np.asarray(chosen, dtype=np.int64)
+        self.starts = np.asarray(starts if dm.lead_hours else chosen, dtype=np.int64)  # forecasts: every initial hour
 
     def __len__(self) -> int:
         return -(-len(self.starts) // self.batch_size)
@@ -194,6 +228,13 @@ class MultiSourceDataModule(StoreDataModule):
     ``start_hour`` (index into the store's time axis of each window's first hour) and, with one target
     variable, ``target_scale`` (its std, for metrics in physical units).
 
+    Forecast tasks (``task.context_hours = [a, b]``, ``task.lead_hours``): from an initial hour ``t``, each context
+    source's share is of the points at hours ``t + a .. t + b``, the targets' share of the points at ``t + h`` for
+    each lead ``h``; ``x = (hours from t, lat, lon)``; each split's initial hours keep every context and lead hour
+    inside it; ``start_hour`` is ``t``'s index, and the targets' hours from ``t`` are ``extras["lead_hours"]``
+    (``gridtnp test`` then logs ``test/lead_<h>h/`` metrics). Predictions: every initial hour of the test split, on
+    ``(init_time, lead_time, latitude, longitude)``.
+
     Args:
         store: the store section (``gridtnp.data.sections.StoreConfig``; the embedded sample holds t2m only).
         splits: the train, val and test dates (``SplitDates``; a window lies wholly inside its split).
@@ -217,7 +258,8 @@ class MultiSourceDataModule(StoreDataModule):
         self.save_hyperparameters({name: plain(value) for name, value in sections.items()})
         self.sources = [Source(v) for v in options.variables]
         self.targets = [Source(v).name for v in options.target_variables or options.variables]
-        self.window, self.context_fraction = options.window, options.context_fraction
+        self.window, self.context_fraction, self.options = options.window, options.context_fraction, options
+        self.lead_hours = list(options.lead_hours or ())  # forecast tasks' lead hours; [] for windows
         self.target_fraction = options.target_fraction
         self.task: MultiSourceTask | None = None
         self.starts: dict[str, np.ndarray] = {}
@@ -242,39 +284,17 @@ class MultiSourceDataModule(StoreDataModule):
             "latitude": _index_slice(ds["latitude"].values, lat),
             "longitude": _index_slice(ds["longitude"].values, lon),
         }
-        level_index, stats = {}, {}
-        for s in self.sources:
-            var = ds[s.variable]
-            extra = [d for d in var.dims if d not in DIMS]
-            if len(extra) > 1 or var.dims[0] != "time" or var.dims[-2:] != DIMS[1:]:
-                raise DataError(
-                    f"{path}: variable {s.variable!r} has dims {var.dims}; expected {DIMS}, optionally "
-                    "with one level dimension after time."
-                )
-            if extra and s.level is None:
-                levels = ", ".join(f"{v:g}" for v in var[extra[0]].values)
-                raise DataError(
-                    f"{path}: variable {s.variable!r} has levels ({extra[0]}: {levels}); "
-                    f"name one, e.g. '{s.variable}@{var[extra[0]].values[0]:g}'."
-                )
-            if not extra and s.level is not None:
-                raise DataError(
-                    f"{path}: variable {s.variable!r} has no level dimension; write {s.variable!r}, not {s.spec!r}."
-                )
-            if extra:
-                levels = var[extra[0]].values
-                found = np.flatnonzero(np.isclose(levels.astype(np.float64), s.level))
-                if found.size == 0:
-                    raise DataError(
-                        f"{path}: variable {s.variable!r} has no level {s.level:g} "
-                        f"({extra[0]}: {', '.join(f'{v:g}' for v in levels)})."
-                    )
-                level_index[s.name] = int(found[0])
-            stats[s.name] = normalisation_stats(ds, s.variable, s.level, source=path, given=self.stats)
-
+        level_index = level_indices(ds, self.sources, path)
+        stats = {
+            s.name: normalisation_stats(ds, s.variable, s.level, source=path, given=self.stats) for s in self.sources
+        }
         time = ds.indexes["time"]
         self.starts = {}
         for name, hours in self.split_hours(ds, path).items():
+            if self.options.forecast:  # initial hours t with every context and lead hour inside the split
+                where = f"{path}: {name} dates {self.dates[name][0]} to {self.dates[name][1]}"
+                self.starts[name] = hours[initial_hours(time, hours, self.options, where, consecutive=True)[1]]
+                continue
             # A window starts at hour i when hours i .. i + T - 1 are all in the split and consecutive.
             span = self.window - 1
             if len(hours) > span:
@@ -293,7 +313,8 @@ class MultiSourceDataModule(StoreDataModule):
 
         self.time_axis, self.box = time, (lat, lon)
         self.units = {s.name: str(ds[s.variable].attrs.get("units", "")) for s in self.sources}
-        t, la, lo = np.meshgrid(np.arange(self.window, dtype=np.float64), lat, lon, indexing="ij")
+        hours, roles = self.options.slices()
+        t, la, lo = np.meshgrid(np.asarray(hours, dtype=np.float64), lat, lon, indexing="ij")
         x = np.stack([t, la, lo], -1).reshape(-1, 3)  # [T * H * W, 3], the order of a field's reshape
         cache = self.chunk_cache(variables, region)
         self.task = MultiSourceTask(
@@ -306,6 +327,8 @@ class MultiSourceDataModule(StoreDataModule):
             self.window,
             self.context_fraction,
             self.target_fraction,
+            hours,
+            roles,
         )
 
     def source_variables(self) -> dict[str, list[str]]:
@@ -326,6 +349,13 @@ class MultiSourceDataModule(StoreDataModule):
         the region's points, the window and each split's windows."""
         lat, lon = self.box
         windows = ", ".join(f"{name} {len(starts):,}" for name, starts in self.starts.items())
+        if self.options.forecast:
+            (a, b), leads = self.options.context_hours, ", ".join(map(str, self.lead_hours))  # type: ignore[misc]
+            return (
+                f"{len(self.sources)} sources ({', '.join(s.name for s in self.sources)}) on {len(lat):,} x "
+                f"{len(lon):,} grid points, context hours {a} to {b}, lead hours {leads}; targets "
+                f"{', '.join(self.targets)}; initial hours: {windows}"
+            )
         return (
             f"{len(self.sources)} sources ({', '.join(s.name for s in self.sources)}) on {len(lat):,} x {len(lon):,} "
             f"grid points, windows of {self.window} hours; targets {', '.join(self.targets)}; window starts: "
@@ -348,7 +378,9 @@ class MultiSourceDataModule(StoreDataModule):
             for s in self.task.targets
         ]
         attrs = {"context": ", ".join(s.spec for s in self.sources), "context_fraction": list(self.context_fraction)}
-        return window_predictions(outputs, self.time_axis, self.window, self.box, variables, self.store_path(), attrs)
+        return window_predictions(
+            outputs, self.time_axis, self.window, self.box, variables, self.store_path(), attrs, self.lead_hours
+        )
 
     def split_task(self, name: str) -> _WindowTask:
         """The task generator of split ``name``: windows wholly inside that split."""

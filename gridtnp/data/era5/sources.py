@@ -1,10 +1,17 @@
 """The sources of a multi-source task and its ``task:`` section: ``Source`` (``"u@850"``: variable ``u`` at level
-850) and ``MultiSourceTaskConfig`` (the sources, targets and window of ``MultiSourceDataModule``)."""
+850), ``level_indices`` (each source's level in a store) and ``MultiSourceTaskConfig`` (the sources, targets, window
+or forecast hours of ``MultiSourceDataModule``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import xarray as xr
+
+from gridtnp.data.era5.forecast_hours import check_forecast_hours, is_forecast
+from gridtnp.data.layout import DIMS, DataError
 from gridtnp.data.sections import LoaderConfig, check_count, fraction_range
 from gridtnp.registry import ConfigError
 
@@ -35,6 +42,34 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def level_indices(ds: xr.Dataset, sources: Sequence[Source], path: str) -> dict[str, int]:
+    """``{source name: index on its variable's level dimension}`` for the sources with a level, or a DataError naming
+    the store, the variable and what it holds."""
+    level_index = {}
+    for s in sources:
+        var = ds[s.variable]
+        extra = [d for d in var.dims if d not in DIMS]
+        if len(extra) > 1 or var.dims[0] != "time" or var.dims[-2:] != DIMS[1:]:
+            raise DataError(f"{path}: variable {s.variable!r} has dims {var.dims}; expected {DIMS}, optionally "
+                            "with one level dimension after time.")  # fmt: skip
+        if extra and s.level is None:
+            levels = ", ".join(f"{v:g}" for v in var[extra[0]].values)
+            raise DataError(f"{path}: variable {s.variable!r} has levels ({extra[0]}: {levels}); "
+                            f"name one, e.g. '{s.variable}@{var[extra[0]].values[0]:g}'.")  # fmt: skip
+        if not extra and s.level is not None:
+            raise DataError(
+                f"{path}: variable {s.variable!r} has no level dimension; write {s.variable!r}, not {s.spec!r}."
+            )
+        if extra:
+            levels = var[extra[0]].values
+            found = np.flatnonzero(np.isclose(levels.astype(np.float64), s.level))
+            if found.size == 0:
+                raise DataError(f"{path}: variable {s.variable!r} has no level {s.level:g} "
+                                f"({extra[0]}: {', '.join(f'{v:g}' for v in levels)}).")  # fmt: skip
+            level_index[s.name] = int(found[0])
+    return level_index
+
+
 @dataclass(frozen=True)
 class MultiSourceTaskConfig:
     """What a multi-source task holds (``task:``).
@@ -45,7 +80,14 @@ class MultiSourceTaskConfig:
         window: consecutive hours per task (T).
         context_fraction: ``(a, b)``: each source's context share per task ``~ U[a, b]`` (the paper's
             U[0.05, 0.25]).
-        target_fraction: share of the points used as targets (the paper's 0.25).
+        target_fraction: share of the points used as targets (the paper's 0.25; of the lead hours' points for
+            forecast tasks).
+        context_hours: ``[a, b]`` (``a <= b <= 0``): forecast tasks from an initial hour ``t``: the contexts drawn
+            from the points at hours ``t + a .. t + b``, every point at ``x = (hours from t, lat, lon)``; null:
+            ``[0, 0]`` when ``lead_hours`` is set. Forecast tasks read these hours and the lead hours, not ``window``.
+        lead_hours: forecast targets drawn from the points at ``t + h`` for each ``h`` (increasing hours >= 0);
+            null: ``[0]`` when ``context_hours`` is set. Both null: windows of ``window`` hours, ``x = (hour in the
+            window, lat, lon)``.
     """
 
     variables: tuple[str, ...] = ("t2m",)
@@ -53,8 +95,11 @@ class MultiSourceTaskConfig:
     window: int = 4
     context_fraction: tuple[float, float] = (0.05, 0.25)
     target_fraction: float = 0.25
+    context_hours: tuple[int, int] | None = None
+    lead_hours: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_forecast_hours(self)
         check_count("task.window", self.window, 1)
         if isinstance(self.variables, str) or not self.variables:
             raise ConfigError(
@@ -74,6 +119,21 @@ class MultiSourceTaskConfig:
         object.__setattr__(self, "context_fraction", fraction_range("task.context_fraction", self.context_fraction))
         if not 0.0 < float(self.target_fraction) < 1.0:
             raise ConfigError(f"task.target_fraction must be in (0, 1); got {self.target_fraction!r}.")
+
+    def slices(self) -> tuple[list[int], tuple[np.ndarray, np.ndarray] | None]:
+        """The hours of a task's time slices (from its first hour, or forecasts' from ``t``: each hour once, in
+        order) and, for forecasts, which slices the contexts and the targets use (``[T]`` each)."""
+        if not self.forecast:
+            return list(range(self.window)), None
+        a, b = self.context_hours  # type: ignore[misc]
+        hours = sorted({*range(a, b + 1), *self.lead_hours})  # type: ignore[misc]
+        at = np.asarray(hours)
+        return hours, ((at >= a) & (at <= b), np.isin(at, self.lead_hours))
+
+    @property
+    def forecast(self) -> bool:
+        """Forecast tasks (``context_hours`` or ``lead_hours`` set): context and target hours apart."""
+        return is_forecast(self)
 
 
 DEFAULT_MULTISOURCE_TASK = MultiSourceTaskConfig()

@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gridtnp.data.era5.forecast_hours import check_forecast_hours, is_forecast
 from gridtnp.data.sections import LoaderConfig, check_count, fraction_range, section
 from gridtnp.registry import ConfigError
 
@@ -62,31 +62,6 @@ class CoverageDropout:
             object.__setattr__(self, key, check_probability(f"task.coverage_dropout.{key}", getattr(self, key)))
         check_count("task.coverage_dropout.max_trim", self.max_trim, 1)
         check_count("task.coverage_dropout.max_patch", self.max_patch, 1)
-
-
-def is_hour(value: object) -> bool:
-    """``value`` is an integer number of hours (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_forecast_hours(task: StationTaskConfig) -> None:
-    """``task.context_hours`` and ``task.lead_hours`` as tuples (one defaulted when the other is set), or a
-    ConfigError naming the key and what is allowed."""
-    if not task.forecast:
-        return
-    window, leads = task.context_hours or (0, 0), task.lead_hours if task.lead_hours is not None else (0,)
-    if isinstance(window, str) or len(window) != 2 or not all(map(is_hour, window)) or not window[0] <= window[1] <= 0:
-        raise ConfigError(f"task.context_hours must be [a, b] integer hours with a <= b <= 0, e.g. [-2, 0]; "
-                          f"got {task.context_hours!r}.")  # fmt: skip
-    leads = [leads] if is_hour(leads) else list(leads)
-    if not leads or not all(map(is_hour, leads)) or leads[0] < 0 or any(b <= a for a, b in itertools.pairwise(leads)):
-        raise ConfigError(f"task.lead_hours must be increasing integer hours >= 0, e.g. [1, 3, 6]; "
-                          f"got {task.lead_hours!r}.")  # fmt: skip
-    if task.num_targets is not None:
-        raise ConfigError("task.num_targets is for same-hour tasks; forecast tasks (task.lead_hours) target every "
-                          "station at each lead hour: leave num_targets null.")  # fmt: skip
-    object.__setattr__(task, "context_hours", (int(window[0]), int(window[1])))
-    object.__setattr__(task, "lead_hours", tuple(int(h) for h in leads))
 
 
 def check_trim(value: object) -> dict[str, int]:
@@ -168,6 +143,9 @@ class StationTaskConfig:
 
     def __post_init__(self) -> None:
         check_forecast_hours(self)
+        if self.forecast and self.num_targets is not None:
+            raise ConfigError("task.num_targets is for same-hour tasks; forecast tasks (task.lead_hours) target every "
+                              "station at each lead hour: leave num_targets null.")  # fmt: skip
         check_count("task.time_offset_hours", self.time_offset_hours, 0)
         check_count("task.eval_draws", self.eval_draws, 1)
         check_count("task.eval_stride", self.eval_stride, 1)
@@ -201,7 +179,7 @@ class StationTaskConfig:
     @property
     def forecast(self) -> bool:
         """Forecast tasks (``context_hours`` or ``lead_hours`` set): inputs ``x = (hours from t, lat, lon)``."""
-        return self.context_hours is not None or self.lead_hours is not None
+        return is_forecast(self)
 
     @property
     def factors(self) -> list[int]:

@@ -3,7 +3,8 @@
 * ``station_predictions(outputs, ...)``: ``mean``, ``std`` on ``(time, station)`` with station coordinates and
   ``observed``, ``is_context``; or, with a prediction grid, on ``(time, latitude, longitude)``.
 * ``forecast_predictions(outputs, ...)``: forecasts on ``(init_time, lead_time, station)``.
-* ``window_predictions(outputs, ...)``: ``<variable>_mean``, ``<variable>_std`` on ``(time, latitude, longitude)``.
+* ``window_predictions(outputs, ...)``: ``<variable>_mean``, ``<variable>_std`` on ``(time, latitude, longitude)``;
+  for forecasts, on ``(init_time, lead_time, latitude, longitude)``.
 * ``Variable``: a predicted variable's name, description, units and normalisation ``(mean, std)``.
 
 ``outputs`` are the module's prediction steps: ``mean``, ``std``, ``y`` ``[B, P, Dy]``, ``mask`` ``[B, P]`` and the
@@ -103,8 +104,7 @@ def forecast_predictions(
         return values.double().numpy().reshape(shape)
 
     mean, std, y, valid = joined("mean"), joined("std"), joined("y"), joined("mask") > 0
-    lead = pd.to_timedelta(np.asarray(leads), unit="h")
-    valid_time = init.to_numpy()[:, None] + lead.to_numpy()[None]  # [T, L]
+    coords, valid_time = _forecast_coords(init, leads)
     if datamodule.climatology:  # departures -> values at each valid hour (normalised units)
         at = time_axis.get_indexer(pd.DatetimeIndex(valid_time.ravel())).reshape(valid_time.shape)
         reference = np.stack([task.reference(variable.name, at[:, j], task.station_flat) for j in range(len(leads))], 1)
@@ -121,17 +121,31 @@ def forecast_predictions(
     flags = {"long_name": "station was in the context set", "flag_values": [0, 1]}
     data["is_context"] = (dims, joined("is_context").astype(np.int8), flags)
     stations = datamodule.station_table
-    coords: dict[str, Any] = {
-        "init_time": ("init_time", init, {"standard_name": "forecast_reference_time", "long_name": "initial time"}),
-        "lead_time": ("lead_time", lead, {"standard_name": "forecast_period", "long_name": "lead time"}),
-        "time": (("init_time", "lead_time"), valid_time, {"standard_name": "time", "long_name": "valid time"}),
+    coords |= {
         "station": np.arange(len(stations)),
         "latitude": ("station", stations["latitude"].to_numpy(np.float64)),
         "longitude": ("station", stations["longitude"].to_numpy(np.float64)),
     }
     if "station_id" in stations:
         coords["station_id"] = ("station", stations["station_id"].astype(str).to_numpy())
-    ds = _cf_dataset(data, coords, datamodule.store_path(), {**attrs, "lead_hours": list(leads)})
+    return _forecast_encoding(_cf_dataset(data, coords, datamodule.store_path(), {**attrs, "lead_hours": list(leads)}))
+
+
+def _forecast_coords(init: pd.DatetimeIndex, leads: Sequence[int]) -> tuple[dict[str, Any], np.ndarray]:
+    """CF coordinates ``init_time [T]`` (``forecast_reference_time``), ``lead_time [L]`` (``forecast_period``) and
+    the valid ``time [T, L]``, and that valid time."""
+    lead = pd.to_timedelta(np.asarray(leads), unit="h")
+    valid_time = init.to_numpy()[:, None] + lead.to_numpy()[None]  # [T, L]
+    coords = {
+        "init_time": ("init_time", init, {"standard_name": "forecast_reference_time", "long_name": "initial time"}),
+        "lead_time": ("lead_time", lead, {"standard_name": "forecast_period", "long_name": "lead time"}),
+        "time": (("init_time", "lead_time"), valid_time, {"standard_name": "time", "long_name": "valid time"}),
+    }
+    return coords, valid_time
+
+
+def _forecast_encoding(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with ``init_time`` in hours since 1900 and ``lead_time`` in hours when written."""
     ds["init_time"].encoding.update({"units": "hours since 1900-01-01 00:00:00", "calendar": "standard"})
     ds["lead_time"].encoding.update({"units": "hours"})
     return ds
@@ -145,20 +159,31 @@ def window_predictions(
     variables: Sequence[Variable],
     store: str,
     attrs: dict[str, Any],
+    lead_hours: Sequence[int] = (),
 ) -> xr.Dataset:
     """Multi-source outputs (windows of ``window`` hours over ``box = (lat [H], lon [W])``, output ``j`` =
-    ``variables[j]``) -> ``<name>_mean``, ``<name>_std`` on ``(time, latitude, longitude)``; ``attrs`` are added."""
+    ``variables[j]``) -> ``<name>_mean``, ``<name>_std`` on ``(time, latitude, longitude)``; ``attrs`` are added.
+    Forecasts (``lead_hours``; each task's targets every point at each lead, lead-major, from the initial hour
+    ``start_hour``): on ``(init_time, lead_time, latitude, longitude)`` with the CF coordinates of
+    ``forecast_predictions``."""
     lat, lon = box
     start = torch.cat([o["start_hour"] for o in outputs]).numpy()
-    time = time_axis[(start[:, None] + np.arange(window)).reshape(-1)]
     mean = torch.cat([o["mean"] for o in outputs]).double().numpy()  # [windows, P, Dy]
     std = torch.cat([o["std"] for o in outputs]).double().numpy()
-    dims = ("time", "latitude", "longitude")
+    if lead_hours:
+        dims: Dims = ("init_time", "lead_time", "latitude", "longitude")
+        shape: tuple[int, ...] = (len(start), len(lead_hours), len(lat), len(lon))
+        coords, _ = _forecast_coords(time_axis[start], lead_hours)
+        attrs = {**attrs, "lead_hours": list(lead_hours)}
+    else:
+        dims, shape = ("time", "latitude", "longitude"), (-1, len(lat), len(lon))
+        coords = {"time": time_axis[(start[:, None] + np.arange(window)).reshape(-1)]}
     data = {}
     for j, variable in enumerate(variables):
-        fields = _physical(variable, mean[..., j], std[..., j], dims, (-1, len(lat), len(lon)))
+        fields = _physical(variable, mean[..., j], std[..., j], dims, shape)
         data.update({f"{variable.name}_{kind}": field for kind, field in fields.items()})
-    return _cf_dataset(data, {"time": time, "latitude": lat, "longitude": lon}, store, attrs)
+    ds = _cf_dataset(data, {**coords, "latitude": lat, "longitude": lon}, store, attrs)
+    return _forecast_encoding(ds) if lead_hours else ds
 
 
 def _physical(
