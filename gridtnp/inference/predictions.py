@@ -82,10 +82,11 @@ __all__ = [
 class PredictionWriter(BasePredictionWriter):
     """Writes ``gridtnp predict``'s outputs as an ``xarray.Dataset`` to ``path`` (``.nc`` or ``.zarr``).
 
-    A Zarr store is written as the batches come, ``tasks_per_write`` tasks at a time appended along time, so memory
-    stays bounded however many hours are predicted (a year of hourly predictions at 9,000 stations would otherwise
-    hold about 2 GB of outputs, more once converted); NetCDF, and outputs a DataModule cannot convert
-    (``raw_predictions``), are written once at the end. Either way the file appears at ``path`` only when complete.
+    A Zarr store is written as the batches come, ``tasks_per_write`` tasks at a time appended along time (forecasts:
+    along init_time), so memory stays bounded however many hours are predicted (a year of hourly predictions at
+    9,000 stations would otherwise hold about 2 GB of outputs, more once converted); NetCDF, and outputs a
+    DataModule cannot convert (``raw_predictions``), are written once at the end. Either way the file appears at
+    ``path`` only when complete.
     SIGTERM or SIGHUP stops the run after the batch being written, the predictions so far written as a valid file
     marked ``gridtnp_incomplete`` (``inference.stopping``); the process exits with status 128 + signal.
 
@@ -204,8 +205,9 @@ class PredictionWriter(BasePredictionWriter):
             self._partial = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
             ds.to_zarr(self._partial, mode="w", zarr_format=2, consolidated=False)
         else:
-            appended = [name for name, var in ds.variables.items() if "time" in var.dims]
-            ds[appended].to_zarr(self._partial, append_dim="time", consolidated=False)
+            dim = "init_time" if "init_time" in ds.dims else "time"  # forecasts: (init_time, lead_time, ...)
+            appended = [name for name, var in ds.variables.items() if dim in var.dims]
+            ds[appended].to_zarr(self._partial, append_dim=dim, consolidated=False)
 
     def _cf(self, ds: xr.Dataset, trainer: Any, pl_module: Any) -> xr.Dataset:
         """The DataModule's predictions as the CF dataset ``predict`` returns too (``inference.cf``): named for the

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import xarray as xr
 
 from gridtnp.batch import Batch
 from gridtnp.cli import GridTNPCLI
@@ -148,7 +149,10 @@ def test_predictions_carry_init_time_and_lead_time(store: str) -> None:
     np.testing.assert_allclose(ds["v850_mean"].values, -want, atol=1e-3)
 
 
-def test_a_forecast_fits_and_tests_through_the_cli_with_metrics_per_lead(tmp_path: Path, store: str) -> None:
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_forecast_fits_tests_and_predicts_through_the_cli(tmp_path: Path, store: str) -> None:
+    """Metrics per lead in ``gridtnp test``; ``gridtnp predict`` to Zarr a few tasks at a time (appended along
+    init_time) equals the NetCDF file written at once."""
     recipe = str(ROOT / "recipes" / "era5_multisource_swin.yaml")
     common = [
         "--config", recipe, "--data.init_args.store.path", store,
@@ -169,3 +173,10 @@ def test_a_forecast_fits_and_tests_through_the_cli_with_metrics_per_lead(tmp_pat
     metrics = json.loads((tmp_path / "ckpt" / "last.test_metrics.json").read_text())["metrics"]
     for lead in (1, 3):  # every metric per lead, e.g. test/lead_3h/rmse_physical
         assert np.isfinite(metrics[f"lead_{lead}h/rmse_physical"]) and np.isfinite(metrics[f"lead_{lead}h/loglik"])
+    predict = ["predict", *common, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")]
+    GridTNPCLI(args=[*predict, "--predictions.path", str(tmp_path / "p.zarr"), "--predictions.tasks_per_write", "5"])
+    GridTNPCLI(args=[*predict, "--predictions.path", str(tmp_path / "p.nc")])
+    streamed, once = xr.open_zarr(tmp_path / "p.zarr").load(), xr.open_dataset(tmp_path / "p.nc").load()
+    xr.testing.assert_identical(streamed, once)
+    assert streamed["u10"].dims == ("init_time", "lead_time", "latitude", "longitude")
+    assert streamed.sizes["init_time"] == 24 - 1 - 3 and np.isfinite(streamed["u10"].values).all()
