@@ -167,12 +167,14 @@ def test_regional_mean_variance_is_the_weighted_dense_covariance() -> None:
     dist = lowrank(dim_y=1)
     weight = torch.rand(3, 5) * MASK
     y = torch.randn(3, 5, 1)
-    mean, std, observed = regional_mean(dist, y, weight)
+    with torch.no_grad():  # values only: no scalar taken from a tensor that requires grad
+        mean, std, observed = regional_mean(dist, y, weight)
+        covariance, loc = dist.covariance().double(), dist.loc.double()
     for b in range(3):
         w = (weight[b] / weight[b].sum()).double()
-        cov = dist.covariance()[b].double()
+        cov = covariance[b]
         assert float(std[b, 0]) ** 2 == pytest.approx(float(w @ cov @ w), rel=1e-5)
-        assert float(mean[b, 0]) == pytest.approx(float(w @ dist.loc[b, :, 0].double()), rel=1e-5)
+        assert float(mean[b, 0]) == pytest.approx(float(w @ loc[b, :, 0]), rel=1e-5)
         assert float(observed[b, 0]) == pytest.approx(float(w @ y[b, :, 0].double()), rel=1e-5)
     _, independent_std, _ = regional_mean(Normal(dist.loc, dist.stddev), y, weight)
     assert not torch.allclose(independent_std, std)  # the correlations count

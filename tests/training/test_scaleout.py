@@ -3,8 +3,9 @@
 Each test launches ``gridtnp fit`` (a few CLI start-ups, 20-60 s each on 2 cores). The default suite runs one case
 of each path (a SIGKILL resumed, DDP sharding, SLURM requeue on one rank and on two, SIGTERM under DDP in a
 validation; SIGUSR1 and SIGTERM under DDP in a step take the same step-boundary path, so the requeue case stands for
-both); the variants (SIGTERM under DDP in a step, SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank
-signalled) are ``slow`` (``make test-slow``).
+both, and a single rank's SIGTERM takes the path of ``test_signals.py``'s Ctrl-C); the variants (SIGTERM on one rank
+and under DDP in a step, SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank signalled) are ``slow``
+(``make test-slow``).
 """
 
 from __future__ import annotations
@@ -251,7 +252,8 @@ def signal_and_resume(tmp_path: Path, signum: int, *extra: str) -> tuple[subproc
     return resumed, records, run_dir
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=SLOW)])
+@SLOW
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_save_the_step_reached_and_exit_non_zero(tmp_path, signum):
     """The step in progress finishes, last.ckpt holds it, the exit status is 128 + signal (not 0), and the relaunch
     trains on the same tasks with the same losses as an uninterrupted run (one thread: to 1e-6)."""
