@@ -116,6 +116,7 @@ def test_sample_maps_share_one_scale_and_the_histograms_mark_the_truth(loaded) -
     assert joint_section(module, datamodule, "test", {}, 4, hours=0) == ""
 
 
+@pytest.mark.slow  # the whole page with Chromium (about 40 s); the section's parts are tested above
 def test_report_of_a_joint_checkpoint_shows_its_samples(joint_checkpoint: Path, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     main(["report", "--config", RECIPE, *TINY, "--ckpt_path", str(joint_checkpoint), "--out", str(page),

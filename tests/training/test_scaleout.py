@@ -1,10 +1,10 @@
 """Scale-out in subprocesses: DDP on CPU (gloo), a SIGKILLed run resumed, SLURM requeue on SIGUSR1.
 
 Each test launches ``gridtnp fit`` (a few CLI start-ups, 20-60 s each on 2 cores). The default suite runs one case
-of each path (a SIGKILL resumed, DDP sharding, SLURM requeue on one rank and on two, SIGTERM under DDP in a
-validation; SIGUSR1 and SIGTERM under DDP in a step take the same step-boundary path, so the requeue case stands for
-both, and a single rank's SIGTERM takes the path of ``test_signals.py``'s Ctrl-C); the variants (SIGTERM on one rank
-and under DDP in a step, SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank signalled) are ``slow``
+of each path in a step (a SIGKILL resumed, DDP sharding, SLURM requeue on one rank and on two; SIGUSR1 and SIGTERM
+under DDP in a step take the same step-boundary path, so the requeue case stands for both, and a single rank's
+SIGTERM takes the path of ``test_signals.py``'s Ctrl-C); the variants (SIGTERM on one rank, under DDP in a step and
+in a validation, SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank signalled) are ``slow``
 (``make test-slow``).
 """
 
@@ -390,7 +390,8 @@ def test_slurm_requeue_signal_under_ddp_saves_one_step_on_every_rank(tmp_path, w
         assert steps == list(range(1, 13)), (rank, steps)
 
 
-@pytest.mark.parametrize("signalled", ["one", pytest.param("all", marks=SLOW)])
+@SLOW
+@pytest.mark.parametrize("signalled", ["one", "all"])
 def test_sigterm_during_validation_under_ddp_stops_after_it_on_every_rank(tmp_path, signalled):
     """SIGTERM to rank 1 or to both ranks while they validate after step 5: the validation ends, both ranks save
     step 5 and exit 143 (none waits in a collective for the other), and the relaunch resumes at step 6."""
