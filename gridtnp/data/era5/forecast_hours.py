@@ -6,7 +6,7 @@ A forecast task starts at an initial hour ``t``: its context is drawn at the hou
 carries its hours from ``t`` as its first input.
 
 * ``check_forecast_hours``: a task section's two options as tuples, or a ConfigError naming the key.
-* ``forecast_offsets``: the hours from ``t`` a task reads: the context hours, then the lead hours.
+* ``forecast_offsets``: the hours from ``t`` a task reads: the context hours, then the ``lead_hours``.
 * ``initial_hours``: the store index of each of those hours from each candidate initial hour, and which initial
   hours keep them all inside the split.
 """

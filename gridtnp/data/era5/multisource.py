@@ -4,8 +4,8 @@
 A task is a lat/lon box over ``window`` consecutive hours, every point at ``x = (hour, lat, lon)``: one context
 source per variable / level (``x [B, N, 3]``, ``y [B, N, 1]``) and targets ``x [B, Nt, 3]``,
 ``y [B, Nt, len(target_variables)]``; a forecast task (``task.context_hours``, ``task.lead_hours``) draws its
-contexts at the context hours and its targets at the lead hours of an initial hour ``t``, the hour column then
-the hours from ``t``. Details in the DataModule's docstring.
+contexts at the context hours and its targets at the target hours (``lead_hours``) after an initial hour ``t``,
+the hour column then the hours from ``t``. Details in the DataModule's docstring.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class MultiSourceTask:
         def normalised(name: str, idx: np.ndarray) -> np.ndarray:
             return (rows_take(raw[name], idx) - self.mean[name]) / self.std[name]
 
-        # Targets: a share `target_fraction` of the points (forecasts: of the lead hours'), every target variable
+        # Targets: a share `target_fraction` of the points (forecasts: at the target hours), every target variable
         # finite. Forecasts draw keys for every point, those outside a pool last, so both tasks use one generator.
         in_context, in_target = self.pools if self.pools is not None else (None, None)
         p_c, p_t = (p, p) if self.pools is None else (int(in_context.sum()), int(in_target.sum()))

@@ -80,11 +80,11 @@ class MultiSourceTaskConfig:
         window: consecutive hours per task (T).
         context_fraction: ``(a, b)``: each source's context share per task ``~ U[a, b]`` (the paper's
             U[0.05, 0.25]).
-        target_fraction: share of the points used as targets (the paper's 0.25; of the lead hours' points for
+        target_fraction: share of the points used as targets (the paper's 0.25; of the target hours' points for
             forecast tasks).
         context_hours: ``[a, b]`` (``a <= b <= 0``): forecast tasks from an initial hour ``t``: the contexts drawn
             from the points at hours ``t + a .. t + b``, every point at ``x = (hours from t, lat, lon)``; null:
-            ``[0, 0]`` when ``lead_hours`` is set. Forecast tasks read these hours and the lead hours, not ``window``.
+            ``[0, 0]`` when ``lead_hours`` is set. Forecast tasks read these hours and ``lead_hours``, not ``window``.
         lead_hours: forecast targets drawn from the points at ``t + h`` for each ``h`` (increasing hours >= 0);
             null: ``[0]`` when ``context_hours`` is set. Both null: windows of ``window`` hours, ``x = (hour in the
             window, lat, lon)``.
