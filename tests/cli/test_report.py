@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +29,18 @@ ONE_DAY = ["--data.init_args.splits.test", '["2019-03-27", "2019-03-27"]', "--da
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step ERA5 Swin-TNP checkpoint on the embedded sample (prepared into a temporary cache), its variance
     calibration fitted on four validation hours."""
-    root = tmp_path_factory.mktemp("era5_report")
+    yield from two_step_fit(tmp_path_factory.mktemp("era5_report"), RECIPE)
+
+
+def two_step_fit(root: Path, recipe: str, *extra: str) -> Iterator[Path]:
+    """Fit ``recipe`` for 2 steps into ``root`` (the sample prepared into ``root / "cache"``), its variance
+    calibration fitted on four validation hours; yields ``last.ckpt`` (a module fixture's body)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("GRIDTNP_CACHE", str(root / "cache"))
     mp.setattr(sys, "argv", sys.argv[:1])  # LightningCLI warns when given both args and command-line arguments
     GridTNPCLI(
         args=[
-            "fit", "--config", RECIPE, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
+            "fit", "--config", recipe, *extra, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
             "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
             "--checkpoint.dirpath", str(root / "ckpt"), "--trainer.enable_progress_bar", "false",
             "--plots.every_n_validations", "0", "--trainer.logger", "false", "--trainer.num_sanity_val_steps", "0",

@@ -5,15 +5,14 @@ page's section (rendered in headless Chromium where it can start)."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from gridtnp.cli import GridTNPCLI, main
-from tests.cli.test_report import ONE_DAY, ROOT, screenshot_shows_the_page
+from gridtnp.cli import main
+from tests.cli.test_report import ONE_DAY, ROOT, screenshot_shows_the_page, two_step_fit
 
 RECIPE = str(ROOT / "recipes" / "era5_swin_joint.yaml")
 #: The joint recipe made tiny: the checkpoint only has to give a low-rank predictive.
@@ -25,21 +24,7 @@ TINY = ["--model.init_args.dim", "16", "--model.init_args.processor.layers", "2"
 def joint_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step, tiny ``era5_swin_joint`` checkpoint on the embedded sample (prepared into a temporary cache), its
     variance calibration fitted on four validation hours."""
-    root = tmp_path_factory.mktemp("era5_joint_report")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("GRIDTNP_CACHE", str(root / "cache"))
-    mp.setattr(sys, "argv", sys.argv[:1])
-    GridTNPCLI(
-        args=[
-            "fit", "--config", RECIPE, *TINY, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
-            "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
-            "--checkpoint.dirpath", str(root / "ckpt"), "--trainer.enable_progress_bar", "false",
-            "--plots.every_n_validations", "0", "--trainer.logger", "false", "--trainer.num_sanity_val_steps", "0",
-            "--data.init_args.splits.val", '["2019-03-22", "2019-03-22"]', "--data.init_args.task.eval_stride", "6",
-        ]
-    )  # fmt: skip
-    yield root / "ckpt" / "last.ckpt"
-    mp.undo()
+    yield from two_step_fit(tmp_path_factory.mktemp("era5_joint_report"), RECIPE, *TINY)
 
 
 @pytest.fixture(scope="module")
