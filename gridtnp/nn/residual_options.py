@@ -63,6 +63,8 @@ class Regression:
     lengthscale: the shape's Gaussian weights, one or one per source (None: the interpolation's own, shared).
     degree: polynomial degree of the offsets' basis (1-4).
     position: degree of the basis in the target's position within its cell (0-4; 0: none).
+    gain: also regress on the source's interpolated value itself (MOS's ``b x``), so a place can follow the
+        surrounding field more or less strongly than one to one (a land station beside a sea block).
     """
 
     grid: Mapping[str, Any]
@@ -71,6 +73,7 @@ class Regression:
     lengthscale: float | Mapping[str, float] | None = None
     degree: int = 2
     position: int = 0
+    gain: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.grid, Mapping):
@@ -84,6 +87,8 @@ class Regression:
         object.__setattr__(self, "lr_scale", number(self.lr_scale, "regression.lr_scale"))
         object.__setattr__(self, "degree", _integer(self.degree, "regression.degree", 1, 4))
         object.__setattr__(self, "position", _integer(self.position, "regression.position", 0, 4))
+        if not isinstance(self.gain, bool):
+            raise ValueError(f"{WHERE}: regression.gain must be true or false; got {self.gain!r}.")
         scale = self.lengthscale
         if isinstance(scale, Mapping):
             scale = {s: number(v, f"regression.lengthscale of {s!r}") for s, v in scale.items()}

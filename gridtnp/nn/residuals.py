@@ -123,9 +123,10 @@ class InterpolationResidual(nn.Module):
         spread_power: the initial ``alpha`` of ``spread``: 0 starts without effect, 1 with a std proportional to the
             day's spread.
         regression: ``{sources: [...], grid: {lower, upper, shape}, lr_scale: 30}`` (``Regression``'s fields): add
-            ``sum_s a_s (c_s0(x) + sum_p c_sp(x) g_sp)`` to the mean, a per-place linear regression on the local shape
-            of each named source's field (MOS): ``g_sp = sum_j w_j phi_p(o_j) (y_j - m_s)`` over the source's
-            neighbours ``j``, with ``w_j`` their kernel weights within the source, ``m_s`` its weighted mean and
+            ``sum_s a_s (c_s0(x) + sum_p c_sp(x) g_sp)`` to the mean (with ``gain``, plus ``c_sg(x) m_s``, MOS's gain
+            on the field itself), a per-place linear regression on the local shape of each named source's field
+            (MOS): ``g_sp = sum_j w_j phi_p(o_j) (y_j - m_s)`` over the source's neighbours ``j``, with ``w_j`` their
+            kernel weights within the source, ``m_s`` its weighted mean and
             ``phi`` the offsets, their squares and products (``shape_basis``), both under the regression's own
             learned lengthscale if ``lengthscale`` (one, or one per source) is given, else under the
             interpolation's (a wider one lets the farther neighbours shape the gradients and curvatures), and
@@ -216,7 +217,7 @@ class InterpolationResidual(nn.Module):
         self.regression = None if regression is None else regression.for_sources(sources)
         if self.regression is not None:
             spec = self.regression
-            per_source = (1 + basis_size(dim_x, spec.degree)) * (1 + basis_size(dim_x, spec.position))
+            per_source = (1 + spec.gain + basis_size(dim_x, spec.degree)) * (1 + basis_size(dim_x, spec.position))
             terms = len(spec.sources) * per_source * dim_y
             self.coefficients = LearnedGridEmbedding(dim_x, spec.grid, terms, init_std=0.0, lr_scale=spec.lr_scale)
             own = spec.lengthscale  # else the interpolation's lengthscales, shared
@@ -287,10 +288,11 @@ class InterpolationResidual(nn.Module):
                 offsets = offsets * torch.exp(self.log_lengthscale[i] - self.log_regression_lengthscale[j])
                 logits = torch.where(torch.isfinite(logits), -0.5 * offsets.square().sum(-1), float("-inf"))
             w = torch.softmax(floor_logits(logits), -1).nan_to_num(0.0).unsqueeze(-1)  # [B, Nt, k, 1], per source
-            departure = values - (w * values).sum(-2, keepdim=True)  # [B, Nt, k, Dy]
+            level = (w * values).sum(-2, keepdim=True)  # [B, Nt, 1, Dy]
             phi = shape_basis(offsets.to(values.dtype), self.regression.degree)  # [B, Nt, k, P]
-            g = torch.einsum("btkp,btky->btpy", w * phi, departure)  # [B, Nt, P, Dy]
-            g = a[..., None, None] * torch.cat([torch.ones_like(g[..., :1, :]), g], -2)  # [B, Nt, 1 + P, Dy]
+            g = torch.einsum("btkp,btky->btpy", w * phi, values - level)  # [B, Nt, P, Dy]
+            first = [torch.ones_like(level), level] if self.regression.gain else [torch.ones_like(level)]
+            g = a[..., None, None] * torch.cat([*first, g], -2)  # [B, Nt, 1 (+ 1) + P, Dy]
             if self.regression.position > 0:
                 psi = self._position_basis(logits, offsets).to(g.dtype)  # [B, Nt, Q]
                 g = (g.unsqueeze(-2) * psi[..., None, :, None]).flatten(-3, -2)  # [B, Nt, (1 + P) Q, Dy]

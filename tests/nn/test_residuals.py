@@ -442,6 +442,33 @@ def test_regression_position_makes_the_coefficients_polynomials_of_the_offset_to
             InterpolationResidual(["coarse"], 1, {"coarse": 1}, regression={"grid": LATTICE, key: bad})
 
 
+def test_regression_gain_scales_the_interpolated_value_per_place():
+    # gain: correction = a (c_0(x) + c_g(x) m + sum_p c_p(x) g_p), m the source's weighted mean (MOS's b x); with only
+    # c_g set, a target on a lattice point gets its interpolation times 1 + a c_g.
+    torch.manual_seed(10)
+    coarse = (torch.randn(1, 6, 2), torch.randn(1, 6, 1), torch.tensor([[True, True, True, False, True, True]]))
+    kwargs = {"k": 4, "lengthscale": 1.5, "dim": 4}
+    plain = InterpolationResidual(["coarse"], 1, {"coarse": 1}, **kwargs)
+    interp = InterpolationResidual(
+        ["coarse"], 1, {"coarse": 1}, **kwargs, regression={"grid": LATTICE, "degree": 1, "gain": True}
+    )
+    assert interp.coefficients.table.shape[-1] == 1 + 1 + 2  # c_0, c_g and the two gradient coefficients
+    xt = torch.tensor([[[1.0, -1.0]]])
+    base = plain({"coarse": coarse}, xt)[0]
+    torch.testing.assert_close(interp({"coarse": coarse}, xt)[0], base)  # zero at initialisation
+    points = coarse[2][0].nonzero().flatten()
+    d2 = (xt[0, 0] - coarse[0][0, points]).square().sum(-1)
+    near = d2.argsort()[:4]
+    w = torch.softmax(-0.5 * d2[near] / 1.5**2, 0)
+    m = (w * coarse[1][0, points[near], 0]).sum()
+    torch.testing.assert_close(base[0, 0, 0], m)  # one source: its share a is 1 and the interpolation is m
+    with torch.no_grad():
+        interp.coefficients.table[3 * 5 + 1] = torch.tensor([0.0, 0.5, 0.0, 0.0]) / interp.coefficients.lr_scale
+    torch.testing.assert_close(interp({"coarse": coarse}, xt)[0], 1.5 * base)
+    with pytest.raises(ValueError, match=r"regression.gain must be true or false; got 'yes'"):
+        InterpolationResidual(["coarse"], 1, {"coarse": 1}, regression={"grid": LATTICE, "gain": "yes"})
+
+
 def test_regression_leaves_observed_stations_and_round_trips():
     torch.manual_seed(8)
     regression = {"sources": ["grid"], "grid": LATTICE, "lr_scale": 10}
