@@ -37,8 +37,9 @@ RECIPE_PARAMETERS = {
     "era5_observations_swin.yaml": 738779,
     "era5_persistence_leads.yaml": 1,  # one log variance
     "era5_pt_tnp.yaml": 643458,
-    "era5_swin.yaml": 473291,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (2 + 128 + 260 + 2 +
-    # regression: 33 x 49 x 60 coefficients, 10 shape terms up to cubic x 6 position monomials, and 1 lengthscale),
+    "era5_swin.yaml": 482993,  # + learned_grid (33 x 49 x 16, 16 encoder inputs), residual (2 + 128 + 260 + 2 +
+    # regression: 33 x 49 x 66 coefficients, (1 + gain + 9 shape terms up to cubic) x 6 position monomials, and 1
+    # lengthscale),
     # kriging (33 x 49 x 16 place features and 4 scales)
     "era5_swin_leads.yaml": 713799,  # era5_observations_swin.yaml without kriging, + Fourier features of the hours
     "era5_swin_global.yaml": 2267010,
