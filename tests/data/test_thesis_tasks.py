@@ -44,6 +44,20 @@ def test_batches_have_the_thesis_layout():
         GP1DMultimodal(correlation=1.5)
 
 
+def test_thesis_code_draws_grid_ends_and_one_lengthscale_and_context_size_per_batch():
+    spec = {"name": "gp1d_multimodal", "grid_layout": "ends", "draw_per_batch": True}
+    batch = build_from_spec("task", spec).sample(8, torch.Generator().manual_seed(1))
+    grid_x = batch.context["grid"].x[0, :, 0].numpy()
+    np.testing.assert_allclose(grid_x, np.linspace(-4.0, 4.0, 64), atol=1e-6)  # 64 points, both ends included
+    lengthscale, sizes = batch.extras["lengthscale"].numpy(), batch.context["points"].mask.sum(1).numpy()
+    assert np.all(lengthscale == lengthscale[0]) and np.all(sizes == sizes[0])
+    assert 0.25 <= lengthscale[0] <= 4.0 and 1 <= sizes[0] <= 64
+    default = build_from_spec("task", {"name": "gp1d_multimodal"}).sample(8, torch.Generator().manual_seed(1))
+    assert len(np.unique(default.extras["lengthscale"].numpy())) == 8  # per task unless asked
+    with pytest.raises(ConfigError, match="grid_layout"):
+        build_from_spec("task", {"name": "gp1d_multimodal", "grid_layout": "edges"})
+
+
 @pytest.mark.parametrize("correlation", [0.0, 0.5, 0.8, 1.0])
 def test_oracle_is_the_gaussian_conditional_computed_with_numpy(correlation: float):
     task = GP1DMultimodal(correlation=correlation, log_lengthscale_range=(0.0, 0.0), points_per_unit=2.0, noise=0.1)
@@ -93,7 +107,7 @@ def test_samples_whiten_to_standard_normals_under_the_stated_covariance():
 @pytest.mark.parametrize("modalities", ["both", "off_grid"])
 def test_thesis_table_4_1_recipes_run_on_their_task(name: str, modalities: str):
     config = yaml.safe_load((ROOT / "recipes" / "thesis" / f"thesis_table4_1_{name}.yaml").read_text())
-    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k not in ("lr", "weight_decay")}
     task = build_from_spec("task", {**config["data"]["init_args"]["task"], "modalities": modalities})
     batch = task.sample(2, torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -127,7 +141,7 @@ def test_swin_with_patch_coarsening_is_the_patch_convolution_then_swin_on_the_co
 
 def test_thesis_patch_coarsening_swin_recipe_runs_on_its_task():
     config = yaml.safe_load((ROOT / "recipes" / "thesis" / "thesis_fig4_5_pc_swin.yaml").read_text())
-    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k not in ("lr", "weight_decay")}
     batch = build_from_spec("task", config["data"]["init_args"]["task"]).sample(2, torch.Generator().manual_seed(0))
     assert batch.context["grid"].x.shape == (2, 64, 2)
     with torch.no_grad():
@@ -196,7 +210,7 @@ def test_patch_grid_encoder_is_the_fine_average_then_the_patch_map_by_hand():
 
 def test_thesis_patch_before_grid_encoder_recipe_runs_on_its_task():
     config = yaml.safe_load((ROOT / "recipes" / "thesis" / "thesis_pc_before_grid_encoder.yaml").read_text())
-    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k not in ("lr", "weight_decay")}
     batch = build_from_spec("task", config["data"]["init_args"]["task"]).sample(2, torch.Generator().manual_seed(0))
     model = build_model(spec)
     assert model.grid_encoder.grid.shape == (4, 4)
@@ -245,7 +259,7 @@ def test_era5_task_with_random_off_grid_points_and_a_fixed_number_of_targets(
 
 def test_thesis_era5_recipe_builds_and_its_data_section_constructs():
     config = yaml.safe_load((ROOT / "recipes" / "thesis" / "thesis_era5_random_points.yaml").read_text())
-    spec = {k: v for k, v in config["model"]["init_args"].items() if k != "lr"}
+    spec = {k: v for k, v in config["model"]["init_args"].items() if k not in ("lr", "weight_decay")}
     model = build_model(spec)
     assert model.grid_encoder.grid.shape == (30, 60)
     from gridtnp.data import StationReanalysisDataModule

@@ -20,6 +20,7 @@ from gridtnp.data.tasks import check_positive, check_range, check_sizes, random_
 from gridtnp.registry import ConfigError, register
 
 MODALITIES = ("both", "off_grid", "on_grid")
+GRID_LAYOUTS = ("centres", "ends")
 
 
 def hadamard_covariance(x: Tensor, task: Tensor, lengthscale: Tensor, correlation: float) -> Tensor:
@@ -52,8 +53,11 @@ class GP1DMultimodal:
         num_targets: target points per task.
         context_range: interval of the off-grid context x.
         target_range: interval of the target x.
-        grid_range: interval whose cells' centres are the on-grid x.
+        grid_range: interval of the on-grid x.
         points_per_unit: on-grid points per unit length.
+        grid_layout: ``centres`` (the centres of equal cells of ``grid_range``) or ``ends`` (from its lower to its
+            upper end, both included).
+        draw_per_batch: one length-scale and one off-grid context size for all tasks of a batch.
         modalities: ``both``, ``off_grid`` or ``on_grid``: which context sources the tasks have.
         oracle: add the exact posterior predictive log-density (``extras["oracle_loglik"]``).
         jitter: added to the covariance's diagonal for the Cholesky factor.
@@ -71,6 +75,8 @@ class GP1DMultimodal:
         target_range: Sequence[float] = (-4.0, 4.0),
         grid_range: Sequence[float] = (-4.0, 4.0),
         points_per_unit: float = 8.0,
+        grid_layout: str = "centres",
+        draw_per_batch: bool = False,
         modalities: str = "both",
         oracle: bool = True,
         jitter: float = 1e-6,
@@ -80,6 +86,8 @@ class GP1DMultimodal:
             raise ConfigError(f"{name}: correlation must be in [-1, 1]; got {correlation}.")
         if modalities not in MODALITIES:
             raise ConfigError(f"{name}: modalities must be one of {MODALITIES}; got {modalities!r}.")
+        if grid_layout not in GRID_LAYOUTS:
+            raise ConfigError(f"{name}: grid_layout must be one of {GRID_LAYOUTS}; got {grid_layout!r}.")
         check_sizes(name, "min_context", min_context, "max_context", max_context)
         check_sizes(name, "num_targets", num_targets, "num_targets", num_targets, smallest=1)
         self.log_lengthscale_range = check_range(name, "log_lengthscale_range", log_lengthscale_range, True)
@@ -87,12 +95,18 @@ class GP1DMultimodal:
         self.target_range = check_range(name, "target_range", target_range)
         low, high = check_range(name, "grid_range", grid_range)
         n_grid = round((high - low) * check_positive(name, "points_per_unit", points_per_unit))
-        if n_grid < 1:
-            raise ConfigError(f"{name}: grid_range x points_per_unit gives no grid point; got {n_grid}.")
-        self.grid_x = low + (torch.arange(n_grid, dtype=torch.float64) + 0.5) * (high - low) / n_grid  # [G]
+        if n_grid < (1 if grid_layout == "centres" else 2):
+            raise ConfigError(
+                f"{name}: grid_range x points_per_unit gives {n_grid} grid point(s); {grid_layout} needs more."
+            )
+        if grid_layout == "centres":
+            self.grid_x = low + (torch.arange(n_grid, dtype=torch.float64) + 0.5) * (high - low) / n_grid  # [G]
+        else:
+            self.grid_x = torch.linspace(low, high, n_grid, dtype=torch.float64)  # [G]
         self.correlation, self.noise = float(correlation), check_positive(name, "noise", noise, allow_zero=True)
         self.min_context, self.max_context, self.num_targets = min_context, max_context, num_targets
         self.modalities, self.oracle, self.jitter = modalities, oracle, jitter
+        self.draw_per_batch = bool(draw_per_batch)
         self.dim_x = 1
         self.dim_y = {s: 1 for s in self.sources}
         self.target_dim_y = 1
@@ -105,14 +119,16 @@ class GP1DMultimodal:
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """Context ``grid`` ``x [B, G, 1]`` and ``points`` ``x [B, N_c, 1]`` (padded), targets ``x [B, N_t, 1]``."""
         g, b = generator, batch_size
-        _, mask_c = random_sizes(b, self.min_context, self.max_context, g)
+        draws = 1 if self.draw_per_batch else b  # tasks with their own length-scale and context size
+        _, mask_c = random_sizes(draws, self.min_context, self.max_context, g)
+        mask_c = mask_c.expand(b, -1).contiguous()
         nc, nt, ng = mask_c.shape[1], self.num_targets, len(self.grid_x)
         x_c = uniform((b, nc), *self.context_range, g).to(torch.float64)
         x_t = uniform((b, nt), *self.target_range, g).to(torch.float64)
         x = torch.cat([self.grid_x.expand(b, ng), x_c, x_t], 1)  # [B, G + N_c + N_t]: grid, points, targets
         task = torch.cat([torch.ones(ng, dtype=torch.long), torch.zeros(nc + nt, dtype=torch.long)])
         low, high = self.log_lengthscale_range
-        lengthscale = torch.exp(low + (high - low) * torch.rand(b, generator=g, dtype=torch.float64))
+        lengthscale = torch.exp(low + (high - low) * torch.rand(draws, generator=g, dtype=torch.float64)).expand(b)
         cov = hadamard_covariance(x, task, lengthscale, self.correlation)
         chol, _ = jittered_cholesky(cov, self.jitter)
         f = (chol @ torch.randn(b, x.shape[1], 1, generator=g, dtype=torch.float64))[..., 0]
