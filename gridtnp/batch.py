@@ -124,7 +124,8 @@ class Batch:
         self._check_extras()
         # Checked where batches are made (on the CPU), not again on every device transfer: that would sync the GPU.
         x = self.target.x
-        if x.device.type == "cpu" and not torch.isfinite(x[self.target.mask]).all():
+        finite = x.device.type != "cpu" or bool(torch.isfinite(x).all())  # then no masked copy of x is needed
+        if not finite and not torch.isfinite(x[self.target.mask]).all():
             bad = (~torch.isfinite(x) & self.target.mask.unsqueeze(-1)).any(-1).nonzero()[0].tolist()
             raise BatchError(
                 f"target.x has a NaN or infinite location (task {bad[0]}, point {bad[1]}): a prediction needs a "

@@ -27,7 +27,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 def multisource(store: str, **kwargs) -> MultiSourceDataModule:
     args = {"variables": ["u@850", "v@850", "u@500", "u10"], "target_variables": ["u@850", "v@850"], "window": 3}
     dm = from_flat_arguments(
-        MultiSourceDataModule, store=store, batch_size=8, cache_chunks=1, **DATES, **args, **kwargs
+        MultiSourceDataModule, store=store, batch_size=8, cache_chunks=1, **DATES, **{**args, **kwargs}
     )
     dm.setup()
     return dm
@@ -83,8 +83,16 @@ def test_first_by_key_is_a_stable_sort_prefix_even_with_ties(k: int) -> None:
     assert np.array_equal(first_by_key(keys, k), expected)
 
 
-def test_multisource_draws_equal_the_full_sort_definition(store: str) -> None:
-    dm = multisource(store)
+@pytest.mark.parametrize(
+    "sources",
+    [
+        {},  # targets u@850 and v@850 of four sources, one of them single-level
+        {"variables": ["u@850", "v@850", "u@500", "v@500"], "target_variables": None},  # every source a target
+    ],
+    ids=["two_targets", "table2_like"],
+)
+def test_multisource_draws_equal_the_full_sort_definition(store: str, sources: dict) -> None:
+    dm = multisource(store, **sources)
     task, starts = dm.task, dm.starts["train"]
     for i in range(3):
         fast = task.sample(8, generator_from(0, "train", i), starts)

@@ -22,6 +22,7 @@ from gridtnp.batch import Batch, declare_extras
 from gridtnp.data.chunk_cache import ChunkCache
 from gridtnp.data.datamodules import generator_from
 from gridtnp.data.era5.forecast_hours import initial_hours
+from gridtnp.data.era5.point_draws import field_index, first_by_key
 from gridtnp.data.era5.sources import (
     DEFAULT_MULTISOURCE_TASK,
     MULTISOURCE_LOADER,
@@ -99,18 +100,22 @@ class MultiSourceTask:
         contexts are drawn from every point and every point of the window is a target. ``tasks_per_read``: that
         many tasks in a row share a window (one read), each with its own targets and contexts.
         """
-        b, p = batch_size, self.x.shape[0]
+        b, p = batch_size, self.x_np.shape[0]
         pick = np.asarray(starts) if dense else starts[read_draws(len(starts), b, generator, tasks_per_read)]  # [B]
         steps = (pick[:, None] + self.offsets).reshape(-1)  # [B * T]
         variables = list(dict.fromkeys(s.variable for s in self.sources))
         fields = dict(zip(variables, self.cache.read([(v, steps) for v in variables]), strict=True))
-        raw = {}  # [B, P] per source, in the store's units (normalised once gathered: the same floats, fewer)
-        for s in self.sources:
-            field = fields[s.variable]  # [B * T, (levels,) H, W]
-            raw[s.name] = (field[:, self.level_index[s.name]] if s.name in self.level_index else field).reshape(b, p)
+        flat = {v: field.reshape(-1) for v, field in fields.items()}  # [B * T * (levels) * H * W], no copy
+        levels = {v: field.shape[1] if field.ndim == 4 else 1 for v, field in fields.items()}
+        plane = p // len(self.offsets)
 
-        def normalised(name: str, idx: np.ndarray) -> np.ndarray:
-            return (rows_take(raw[name], idx) - self.mean[name]) / self.std[name]
+        def normalised(s: Source, index: dict[int, np.ndarray], idx: np.ndarray) -> np.ndarray:
+            """``[B, K]`` values of source ``s`` at the points ``idx``, normalised (``index``: its flat indices)."""
+            n = levels[s.variable]
+            if n not in index:
+                index[n] = field_index(idx, p, plane, n)
+            values = np.take(flat[s.variable][self.level_index.get(s.name, 0) * plane :], index[n])
+            return (values - self.mean[s.name]) / self.std[s.name]
 
         # Targets: a share `target_fraction` of the points (forecasts: at the target hours), every target variable
         # finite. Forecasts draw keys for every point, those outside a pool last, so both tasks use one generator.
@@ -125,7 +130,8 @@ class MultiSourceTask:
             if in_target is not None:
                 keys[:, ~in_target] = np.float32(2.0)
             idx_t = first_by_key(keys, n_t)  # [B, Nt]
-        y_t = np.stack([normalised(s.name, idx_t) for s in self.targets], -1)  # [B, Nt, Dy]
+        at_targets: dict[int, np.ndarray] = {}
+        y_t = np.stack([normalised(s, at_targets, idx_t) for s in self.targets], -1)  # [B, Nt, Dy]
         mask_t = np.isfinite(y_t).all(-1)
 
         low, high = self.context_fraction
@@ -139,13 +145,13 @@ class MultiSourceTask:
                 order[:, ~in_context] = np.float32(3.0)
             if s in self.targets:
                 if not dense:  # in place (the array is this draw's own), at the targets alone
-                    order.reshape(-1)[idx_t + rows] = np.float32(2.0)
+                    order.reshape(-1)[idx_t + rows] = np.float32(2.0)  # a third of np.put's cost
                 # The points left to the context: its pool less the targets in it (forecasts: at lead 0 only).
                 free = p - n_t if in_context is None else p_c if dense else p_c - in_context[idx_t].sum(1)
                 n_c = np.minimum(n_c, free)
             width = max(int(n_c.max()), 1)
             idx_c = first_by_key(order, width)  # [B, Nc]
-            y_c = normalised(s.name, idx_c)[..., None]
+            y_c = normalised(s, {}, idx_c)[..., None]
             mask_c = (np.arange(width) < n_c[:, None]) & np.isfinite(y_c[..., 0])
             context[s.name] = masked_observations(self.points(idx_c), y_c, mask_c, f"context[{s.name!r}]")
 
@@ -156,27 +162,6 @@ class MultiSourceTask:
         if len(self.targets) == 1:  # metrics in physical units need one scale per task
             extras["target_scale"] = torch.full((b,), float(self.std[self.targets[0].name]))
         return Batch(context, target, extras)
-
-
-def first_by_key(keys: np.ndarray, k: int) -> np.ndarray:
-    """Indices ``[B, k]`` of the ``k`` smallest of ``keys [B, P]`` (float32 >= 0) in ascending order, ties by index:
-    what ``argsort(keys, kind="stable")[:, :k]`` gives, by a partial selection (a tenth of a full sort's cost on
-    the paper's 90,624 points a task)."""
-    p = keys.shape[1]
-    # A non-negative float32's bits order as its value; with the index below them every key is distinct.
-    unique = keys.view(np.int32).astype(np.int64)
-    unique *= p
-    unique += np.arange(p)
-    if k < p:
-        unique = np.partition(unique, k - 1, axis=1)[:, :k]
-    unique.sort(axis=1)
-    return unique % p
-
-
-def rows_take(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``values [B, P]`` at ``idx [B, K]`` of each row: ``[B, K]`` (one flat gather)."""
-    b, p = values.shape
-    return values.reshape(-1)[idx + (np.arange(b) * p)[:, None]]
 
 
 class _WindowTask:
