@@ -115,7 +115,9 @@ class MultiSourceTask:
             if n not in index:
                 index[n] = field_index(idx, p, plane, n)
             values = np.take(flat[s.variable][self.level_index.get(s.name, 0) * plane :], index[n])
-            return (values - self.mean[s.name]) / self.std[s.name]
+            values -= self.mean[s.name]  # in place: the gather's own array
+            values /= self.std[s.name]
+            return values
 
         # Targets: a share `target_fraction` of the points (forecasts: at the target hours), every target variable
         # finite. Forecasts draw keys for every point, those outside a pool last, so both tasks use one generator.
@@ -131,8 +133,9 @@ class MultiSourceTask:
                 keys[:, ~in_target] = np.float32(2.0)
             idx_t = first_by_key(keys, n_t)  # [B, Nt]
         at_targets: dict[int, np.ndarray] = {}
-        y_t = np.stack([normalised(s, at_targets, idx_t) for s in self.targets], -1)  # [B, Nt, Dy]
-        mask_t = np.isfinite(y_t).all(-1)
+        columns = [normalised(s, at_targets, idx_t) for s in self.targets]
+        mask_t = np.logical_and.reduce([np.isfinite(c) for c in columns])  # [B, Nt], no reduction along Dy
+        y_t = np.stack(columns, -1)  # [B, Nt, Dy]
 
         low, high = self.context_fraction
         context, rows = {}, (np.arange(b) * p)[:, None]  # [B, 1] each row's first flat index
