@@ -18,6 +18,8 @@ import numpy as np
 
 # Zarr v2's JSON spellings of the non-finite fill values.
 _FILL_NAMES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# Attributes by which xarray decodes stored values (packed integers, masked fill values): such arrays go through it.
+_CF_ENCODING = {"scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "valid_range", "dtype"}
 
 
 class ChunkFiles:
@@ -38,21 +40,25 @@ class ChunkFiles:
         cls, store: str, variable: str, dims: tuple[str, ...], shape: tuple[int, ...], region: dict[str, slice]
     ) -> ChunkFiles | None:
         """The reader of ``variable`` in the local ``store`` when its stored array has ``dims`` and ``shape`` (the
-        variable as opened, before ``region``), is C-ordered with no filters and a native dtype, and is chunked
-        along its first dimension only; otherwise ``None``."""
+        variable as opened, before ``region``), is C-ordered floats with no filters, no CF encoding (xarray would
+        unpack or mask its values) and a NaN or no fill value, and is chunked along its first dimension only;
+        otherwise ``None``."""
         folder = Path(store) / variable
         try:
             meta = json.loads((folder / ".zarray").read_text())
-            stored_dims = json.loads((folder / ".zattrs").read_text()).get("_ARRAY_DIMENSIONS")
+            attrs = json.loads((folder / ".zattrs").read_text())
         except (OSError, ValueError):
             return None
+        fill = meta.get("fill_value")
         readable = (
             meta.get("zarr_format") == 2
             and meta.get("order") == "C"
             and not meta.get("filters")
             and np.dtype(meta.get("dtype", "O")).isnative
-            and np.dtype(meta.get("dtype", "O")).kind in "fiu"
-            and stored_dims == list(dims)
+            and np.dtype(meta.get("dtype", "O")).kind == "f"
+            and (fill is None or fill == "NaN")
+            and not _CF_ENCODING & set(attrs)
+            and attrs.get("_ARRAY_DIMENSIONS") == list(dims)
             and tuple(meta.get("shape", ())) == tuple(shape)
             and tuple(meta.get("chunks", ()))[1:] == tuple(shape)[1:]
         )

@@ -87,3 +87,24 @@ def test_stores_chunked_in_space_or_by_url_are_read_by_zarr(store: str, tmp_path
     remote = ChunkCache("memory://chunk_files/store.zarr", capacity=4, variables=["u"])
     assert remote.chunk_files("u") is None
     assert np.array_equal(remote.read([("u", np.array([9]))])[0], xr.open_zarr(store)["u"][9:10].values)
+
+
+def test_packed_or_masked_variables_are_read_by_xarray(tmp_path: Path) -> None:
+    # A user's store written by xarray with CF encoding: int16 with scale_factor / add_offset, and a float whose fill
+    # value is a number. xarray unpacks and masks them; raw chunk files would give the stored integers and fills.
+    values = np.array([[[271.25, 272.5], [273.75, np.nan]]] * 4, dtype=np.float32)  # [time, lat, lon]
+    ds = xr.Dataset(
+        {"t2m": (("time", "latitude", "longitude"), values), "skt": (("time", "latitude", "longitude"), values)},
+        coords={"time": pd.date_range("2020-01-01", periods=4, freq="h"), "latitude": [50.0, 51.0],
+                "longitude": [0.0, 1.0]},
+    )  # fmt: skip
+    encoding = {
+        "t2m": {"dtype": "int16", "scale_factor": 0.25, "add_offset": 270.0, "_FillValue": -32768},
+        "skt": {"_FillValue": -999.0},
+    }
+    ds.to_zarr(tmp_path / "packed.zarr", encoding=encoding, zarr_format=2, consolidated=True)
+    cache = ChunkCache(str(tmp_path / "packed.zarr"), capacity=4, variables=["t2m", "skt"])
+    steps = np.array([0, 3])
+    for name, field in zip(["t2m", "skt"], cache.read([("t2m", steps), ("skt", steps)]), strict=True):
+        assert cache.chunk_files(name) is None
+        assert np.array_equal(field, values[steps], equal_nan=True)  # unpacked, the fill masked to NaN
