@@ -339,6 +339,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "joint_gp": joint_gp,
     "joint_gp_convcnp": lambda: joint_gp("joint_gp_convcnp_cpu.csv", 10),
     "joint_gp_convcnp_steps": lambda: joint_gp("joint_gp_convcnp_steps_cpu.csv", None),
+    "joint_gp_convcnp_12k": lambda: joint_gp("joint_gp_convcnp_12k_cpu.csv", None),
     "era5_joint": era5_joint,
     "shifted_gp1d_paper": shifted_gp1d_paper,
     "era5_demo": era5_demo,
