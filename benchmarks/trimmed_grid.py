@@ -1,7 +1,8 @@
 """What a trimmed coarse grid costs through the Python API: held-out RMSE and 90 % coverage of a station checkpoint on
 the embedded sample's test hours, the gridded context built by hand with ``coarsen(..., boundary="pad")`` (the
 whole box, partial edge blocks kept) and with ``boundary="trim"`` (no southern row, no eastern column), in all and
-by a station's distance to the part of the box the trimmed grid leaves uncovered.
+by a station's distance to the part of the box the trimmed grid leaves uncovered, and the five stations that lose
+most.
 
     python benchmarks/trimmed_grid.py --ckpt runs/demo/checkpoints/last.ckpt            # every 5th test hour
     python benchmarks/trimmed_grid.py --ckpt ... --stride 1 --draws 4 --out trimmed.json
@@ -101,6 +102,19 @@ def main() -> None:
             "warnings": sorted(warned[boundary]),
         }
     result["trim_cost"] = result["trim"]["rmse"] / result["pad"]["rmse"] - 1.0  # type: ignore[index]
+    # The stations that lose most: each one's held-out RMSE on both grids and its share of the rise in squared error.
+    mse = {b: np.nanmean(np.stack(sq_err[b]), axis=(0, 2)) for b in ("pad", "trim")}  # [S], over draws and hours
+    rise = mse["trim"] - mse["pad"]
+    result["largest_losses"] = [
+        {
+            "latitude": float(lat.values[i]),
+            "longitude": float(lon.values[i]),
+            "rmse_pad": float(np.sqrt(mse["pad"][i])),
+            "rmse_trim": float(np.sqrt(mse["trim"][i])),
+            "share_of_rise": float(rise[i] / np.nansum(rise)),
+        }
+        for i in np.argsort(-np.nan_to_num(rise, nan=-np.inf))[:5]
+    ]
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:
