@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,8 @@ class ChunkCache:
     a read misses are fetched concurrently, ``fetch_threads`` at a time (default: 16 for a URL, 1 for a local
     store), each once. ``reads`` counts chunks read from the store, ``bytes_read`` their decoded bytes, ``hits``
     requests served from memory, ``loaded`` lists the ``(variable, chunk)`` pairs read, for tests and benchmarks.
+    ``local_cache``: a node-local folder where the directly read chunk files are copied on first read and shared by
+    the node's processes (``ChunkFiles``).
     """
 
     def __init__(
@@ -46,8 +49,10 @@ class ChunkCache:
         convert_layout: bool = False,
         fetch_threads: int | None = None,
         west: float | None = None,
+        local_cache: str | None = None,
     ) -> None:
         self.store, self.capacity, self.storage_options = store, capacity, storage_options
+        self.local_cache = local_cache
         self.convert_layout, self.west = convert_layout, west
         self.variables, self.region = list(variables), dict(region or {})
         # Chunks missing from a batch are fetched concurrently from a remote store (latency, not bandwidth, bounds
@@ -104,9 +109,17 @@ class ChunkCache:
             var = self._whole[variable]
             files = None
             if self._as_stored:
-                files = ChunkFiles.of(self.store, variable, tuple(map(str, var.dims)), var.shape, self.region)
+                dims = tuple(map(str, var.dims))
+                files = ChunkFiles.of(self.store, variable, dims, var.shape, self.region, self.local_cache)
             if files is not None and files.shape[0] != time_chunk(var):
                 files = None
+            if files is None and self.local_cache is not None:
+                warnings.warn(
+                    f"store.local_cache: {variable!r} of {self.store} is read through zarr (a URL store, chunks in "
+                    "space, a converted layout or CF-encoded values), so its chunks are not copied to "
+                    f"{self.local_cache}; for a URL store, prefix it with 'simplecache::' instead (docs/data.md).",
+                    stacklevel=2,
+                )
             self._files[variable] = files
         return self._files[variable]
 

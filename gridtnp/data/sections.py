@@ -98,6 +98,10 @@ class StoreConfig:
         tasks_per_read: training tasks drawn from each time step (or window) read, each with its own context
             draw, stations and block layout (or targets): a batch of ``B`` holds ``ceil(B / tasks_per_read)``
             distinct hours and reads that many from storage. 1 (the default): every task its own random hour.
+        local_cache: a folder on the node's own disk (``$SLURM_TMPDIR``, ``/tmp/gridtnp-chunks``; environment
+            variables are expanded) where each chunk file of a store on a shared filesystem is copied on its first
+            read and read from afterwards by every process of the node. None (the default): read the store. A URL
+            store caches the same way with fsspec's ``simplecache::`` prefix on its path.
         region: ``(lat_min, lat_max, lon_min, lon_max)`` in degrees (default: the whole store): only its spatial
             chunks are read (``lon_min > lon_max``: a box across the date line, read as one run past 180 degrees,
             140 to 200 for ``140, -160``).
@@ -111,9 +115,12 @@ class StoreConfig:
     cache_chunks: int = 8
     region: tuple[float, float, float, float] | None = None
     tasks_per_read: int = 1
+    local_cache: str | None = None
 
     def __post_init__(self) -> None:
         check_count("store.cache_chunks", self.cache_chunks, 1)
+        if self.local_cache is not None and (not isinstance(self.local_cache, str) or not self.local_cache.strip()):
+            raise ConfigError(f"store.local_cache must be a folder path or null; got {self.local_cache!r}.")
         check_count("store.tasks_per_read", self.tasks_per_read, 1)
         region = self.region
         if region is not None:

@@ -97,7 +97,7 @@ class StoreDataModule(TaskDataModule):
         self.store, self.storage_options = config.path, config.storage_options
         self.convert_layout, self.stats = config.convert_layout, dict(config.stats or {})
         self.allow_stats_overlap, self.cache_chunks = config.allow_stats_overlap, config.cache_chunks
-        self.region, self.tasks_per_read = config.region, config.tasks_per_read
+        self.region, self.tasks_per_read, self.local_cache = config.region, config.tasks_per_read, config.local_cache
         self.dates = self.split_dates.as_dict()
         self._metadata: dict[str, Any] | None = None
 
@@ -188,7 +188,14 @@ class StoreDataModule(TaskDataModule):
         """A per-process chunk cache on the store for ``variables`` (``cache_chunks`` chunks per variable)."""
         capacity = self.cache_chunks * len(variables)
         return ChunkCache(
-            self.store_path(), capacity, self.storage_options, variables, region, self.convert_layout, west=self.west()
+            self.store_path(),
+            capacity,
+            self.storage_options,
+            variables,
+            region,
+            self.convert_layout,
+            west=self.west(),
+            local_cache=self.local_cache,
         )
 
     def split_hours(self, ds: xr.Dataset, path: str) -> dict[str, np.ndarray]:

@@ -108,3 +108,67 @@ def test_packed_or_masked_variables_are_read_by_xarray(tmp_path: Path) -> None:
     for name, field in zip(["t2m", "skt"], cache.read([("t2m", steps), ("skt", steps)]), strict=True):
         assert cache.chunk_files(name) is None
         assert np.array_equal(field, values[steps], equal_nan=True)  # unpacked, the fill masked to NaN
+
+
+def test_a_node_local_cache_copies_each_chunk_file_once_and_serves_later_reads(store: str, tmp_path: Path) -> None:
+    # Two processes of one node: the first copies the chunk files it reads into the local folder, the second reads
+    # them from there, even once the store's own files are broken.
+    shared = tmp_path / "shared.zarr"
+    for path in Path(store).rglob("*"):
+        if path.is_file():
+            shared.joinpath(path.relative_to(store)).parent.mkdir(parents=True, exist_ok=True)
+            shared.joinpath(path.relative_to(store)).write_bytes(path.read_bytes())
+    local = str(tmp_path / "node")
+    steps = np.array([0, 5, 9])
+    expected = xr.open_zarr(store)["t2m"].isel(time=steps).values
+    first = ChunkCache(str(shared), capacity=4, variables=["t2m"], local_cache=local)
+    assert np.array_equal(first.read([("t2m", steps)])[0], expected, equal_nan=True)
+    assert (first.chunk_files("t2m").copied, first.chunk_files("t2m").reused) == (3, 0)
+    for chunk in Path(shared, "t2m").glob("[0-9]*"):
+        chunk.write_bytes(b"not a chunk")
+    second = ChunkCache(str(shared), capacity=4, variables=["t2m"], local_cache=local)
+    assert np.array_equal(second.read([("t2m", steps)])[0], expected, equal_nan=True)
+    assert (second.chunk_files("t2m").copied, second.chunk_files("t2m").reused) == (0, 3)
+    assert not [p for p in Path(local).rglob(".*") if p.is_file()]  # no partial copies left behind
+
+
+def test_a_local_cache_on_a_store_zarr_reads_says_so(tmp_path: Path) -> None:
+    tiled = small_store(tmp_path, space_chunk=4)
+    cache = ChunkCache(tiled, capacity=4, variables=["t2m"], local_cache=str(tmp_path / "node"))
+    with pytest.warns(UserWarning, match=r"store.local_cache: 't2m' of .* is read through zarr .* 'simplecache::'"):
+        assert cache.chunk_files("t2m") is None
+
+
+def test_store_local_cache_gives_the_same_training_batches(tmp_path: Path) -> None:
+    from gridtnp.data.datamodules import generator_from
+    from gridtnp.data.sections import StoreConfig
+    from gridtnp.registry import ConfigError
+    from tests.data.test_era5_multisource import make_store
+    from tests.data.test_tasks_per_read import assert_same, multisource
+
+    multi = make_store(tmp_path)
+    plain, cached = multisource(multi), multisource(multi, local_cache=str(tmp_path / "node"))
+    assert cached.task.cache.local_cache == str(tmp_path / "node")
+    for i in range(2):
+        assert_same(
+            plain.split_task("train").sample(8, generator_from(0, "train", i)),
+            cached.split_task("train").sample(8, generator_from(0, "train", i)),
+        )
+    assert any(p.is_file() for p in (tmp_path / "node").rglob("*"))
+    with pytest.raises(ConfigError, match=r"store\.local_cache must be a folder path or null; got ''"):
+        StoreConfig(local_cache="")
+
+
+def test_a_url_store_caches_on_the_node_through_fsspec_simplecache(store: str, tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    for path in Path(store).rglob("*"):
+        if path.is_file():
+            fs.pipe(f"/simplecache/store.zarr/{path.relative_to(store).as_posix()}", path.read_bytes())
+    local = tmp_path / "node"
+    options = {"simplecache": {"cache_storage": str(local)}}
+    cache = ChunkCache(
+        "simplecache::memory://simplecache/store.zarr", capacity=4, variables=["u"], storage_options=options
+    )
+    assert np.array_equal(cache.read([("u", np.array([9]))])[0], xr.open_zarr(store)["u"][9:10].values)
+    assert any(local.iterdir())  # the chunk files read went to the node's folder
