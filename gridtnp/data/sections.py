@@ -98,7 +98,7 @@ class StoreConfig:
         tasks_per_read: training tasks drawn from each time step (or window) read, each with its own context
             draw, stations and block layout (or targets): a batch of ``B`` holds ``ceil(B / tasks_per_read)``
             distinct hours and reads that many from storage. 1 (the default): every task its own random hour.
-        local_cache: a folder on the node's own disk (``$SLURM_TMPDIR``, ``/tmp/gridtnp-chunks``; environment
+        local_cache: a folder on the node's own disk (e.g. ``${TMPDIR}/gridtnp-chunks``; environment
             variables are expanded) where each chunk file of a store on a shared filesystem is copied on its first
             read and read from afterwards by every process of the node. None (the default): read the store. A URL
             store caches the same way with fsspec's ``simplecache::`` prefix on its path.
