@@ -226,7 +226,7 @@ class GridTNPCLI(LightningCLI):
         stopped = [cb for cb in self.trainer.checkpoint_callbacks if getattr(cb, "stop_signal", None)]
         if stopped:
             signum = stopped[0].stop_signal
-            if self.trainer.is_global_zero:
+            if self.trainer.is_global_zero and not getattr(stopped[0], "stop_reported", False):
                 print(stop_line(self.trainer, getattr(self, "argv", []), signum), file=sys.stderr, flush=True)
             raise SystemExit(128 + signum)
         if self.trainer.is_global_zero:

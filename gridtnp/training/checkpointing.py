@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -212,6 +213,7 @@ class Checkpoint(ModelCheckpoint):
         self._pending_rng: dict[str, Any] | None = None
         self.stop_signal: int | None = None  # the signal that stopped training, once it has
         self.requeued: str | None = None  # what ``scontrol requeue`` did, once a requeue signal stopped training
+        self.stop_reported = False  # the stop line is printed (at the requeue: Slurm may end the tasks before exit)
         self.signals = SignalPath()
 
     def follow_metric(self, pl_module: L.LightningModule) -> None:
@@ -253,6 +255,11 @@ class Checkpoint(ModelCheckpoint):
             if stop == self.signals.requeue_signal and self.requeued is None:
                 self.requeued = requeue_job() if trainer.is_global_zero else ""
                 self.signals.requeued = True  # every rank: Slurm's SIGTERM to the requeued tasks is ignored from now
+                if trainer.is_global_zero:  # now: the requeue cancels the job step, which may end the tasks early
+                    from gridtnp.training.summary import stop_line
+
+                    print(stop_line(trainer, [], stop), file=sys.stderr, flush=True)
+                    self.stop_reported = True
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
