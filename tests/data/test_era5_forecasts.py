@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 FORECAST = {"context_hours": (-2, 0), "lead_hours": (1, 3, 6)}
 
 
+def fit_two_steps_then_test(common: list[str], ckpt: Path) -> dict[str, float]:
+    """``gridtnp fit`` for two steps and ``gridtnp test`` of its last checkpoint in ``ckpt`` with the CLI arguments
+    ``common``; the test metrics."""
+    fit = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2"]
+    GridTNPCLI(args=["fit", *common, *fit, "--plots.every_n_validations", "0"])
+    GridTNPCLI(args=["test", *common, "--ckpt_path", str(ckpt / "last.ckpt")])
+    return json.loads((ckpt / "last.test_metrics.json").read_text())["metrics"]
+
+
 def test_the_same_hour_task_is_the_default(store: str, stations: str) -> None:
     assert not StationTaskConfig().forecast
     dm = datamodule(store, stations)
@@ -106,9 +115,6 @@ def test_a_forecast_recipe_fits_and_tests_through_the_cli(tmp_path: Path, store:
         "--trainer.default_root_dir", str(tmp_path), "--checkpoint.dirpath", str(tmp_path / "ckpt"),
         "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
     ]  # fmt: skip
-    fit = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2"]
-    GridTNPCLI(args=["fit", *common, *fit, "--plots.every_n_validations", "0"])
-    GridTNPCLI(args=["test", *common, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")])
-    metrics = json.loads((tmp_path / "ckpt" / "last.test_metrics.json").read_text())["metrics"]
+    metrics = fit_two_steps_then_test(common, tmp_path / "ckpt")
     for lead in (1, 3, 6):  # every metric per lead, e.g. test/lead_6h/rmse_physical
         assert np.isfinite(metrics[f"lead_{lead}h/rmse_physical"]) and np.isfinite(metrics[f"lead_{lead}h/loglik"])

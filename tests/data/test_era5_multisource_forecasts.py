@@ -5,7 +5,6 @@ through the CLI; the window task unchanged when the options are unset."""
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from gridtnp.data import MultiSourceDataModule
 from gridtnp.data.era5.sources import MultiSourceTaskConfig
 from gridtnp.data.layout import DataError
 from gridtnp.registry import ConfigError
+from tests.data.test_era5_forecasts import fit_two_steps_then_test
 from tests.data.test_era5_multisource import DATES, LAT, LON, make_store, physical, u_field
 from tests.data.test_era5_multisource import datamodule as window_datamodule
 
@@ -167,10 +167,7 @@ def test_a_forecast_fits_tests_and_predicts_through_the_cli(tmp_path: Path, stor
         "--trainer.default_root_dir", str(tmp_path), "--checkpoint.dirpath", str(tmp_path / "ckpt"),
         "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
     ]  # fmt: skip
-    fit = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2"]
-    GridTNPCLI(args=["fit", *common, *fit, "--plots.every_n_validations", "0"])
-    GridTNPCLI(args=["test", *common, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")])
-    metrics = json.loads((tmp_path / "ckpt" / "last.test_metrics.json").read_text())["metrics"]
+    metrics = fit_two_steps_then_test(common, tmp_path / "ckpt")
     for lead in (1, 3):  # every metric per lead, e.g. test/lead_3h/rmse_physical
         assert np.isfinite(metrics[f"lead_{lead}h/rmse_physical"]) and np.isfinite(metrics[f"lead_{lead}h/loglik"])
     predict = ["predict", *common, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")]

@@ -10,7 +10,6 @@ those of one launch of two processes on one node (``--trainer.devices 2``) run s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -24,7 +23,7 @@ import pytest
 import torch
 
 from tests.recording import read_records
-from tests.training.test_scaleout import cli_env, scontrol_stub, train_steps
+from tests.training.test_scaleout import cli_env, finish, scontrol_stub, train_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "gp1d_cnp.yaml")
@@ -85,26 +84,11 @@ def node_launches(tmp_path: Path, run_dir: Path, records: Path, port: int, **pau
     return procs
 
 
-def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
-    """Every launch's exit status and output within ``timeout`` seconds in all; a hang fails the test and its process
-    groups (the template's shell and its training process) are killed."""
-    deadline, results = time.monotonic() + timeout, []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            results.append((proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    return results
-
-
 def wait_for(path: Path, what: str, procs: list[subprocess.Popen], timeout: float = 240.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-            results = finish(procs, timeout=1.0)
+            results = finish(procs, timeout=1.0, groups=True)
             raise AssertionError(f"no {what}: {[(code, err[-2000:]) for code, _, err in results]}")
         time.sleep(0.2)
 
@@ -124,7 +108,7 @@ def test_two_node_launches_requeue_resume_and_match_one_launch_of_two_processes(
     nodes = node_launches(tmp_path, run_dir, records, free_port(), pause_at_step=4)
     wait_for(records / "paused", "pause before step 5", nodes)
     os.kill(int((tmp_path / "pids" / "node1").read_text()), signal.SIGUSR1)  # node 1's task only, mid-step
-    results = finish(nodes, timeout=180)
+    results = finish(nodes, timeout=180, groups=True)
     for node, (code, _, err) in enumerate(results):
         assert code == 128 + signal.SIGUSR1, (node, err[-3000:])  # the template's shell passes the status on
     assert "x 2 ranks x 1 accumulated (2 node(s) x 1 device(s)" in results[0][1]
@@ -134,11 +118,11 @@ def test_two_node_launches_requeue_resume_and_match_one_launch_of_two_processes(
     for rank in range(NODES):
         assert [r["step"] for r in read_records(records, rank) if r["kind"] == "train"] == [1, 2, 3, 4, 5]
 
-    results = finish(node_launches(tmp_path, run_dir, records, free_port()), timeout=240)
+    results = finish(node_launches(tmp_path, run_dir, records, free_port()), timeout=240, groups=True)
     for node, (code, _, err) in enumerate(results):
         assert code == 0, (node, err[-3000:])
     assert f"resuming from {run_dir / 'checkpoints'}" in results[0][1] and "(global step 5)" in results[0][1]
-    ((code, _, err),) = finish([ref], timeout=240)
+    ((code, _, err),) = finish([ref], timeout=240, groups=True)
     assert code == 0, err[-3000:]
 
     got = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)

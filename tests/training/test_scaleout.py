@@ -10,6 +10,7 @@ in a validation, SIGINT, SIGHUP, SIGUSR1 outside SLURM, four ranks, every rank s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -340,8 +341,9 @@ def slurm_ranks(
     return procs
 
 
-def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
-    """Every process's exit status and output, within ``timeout`` seconds in all (a hang fails the test)."""
+def finish(procs: list[subprocess.Popen], timeout: float, groups: bool = False) -> list[tuple[int, str, str]]:
+    """Every process's exit status and output, within ``timeout`` seconds in all (a hang fails the test); the
+    processes are killed after, with ``groups`` their whole process groups (a launch script and its training)."""
     deadline, results = time.monotonic() + timeout, []
     try:
         for proc in procs:
@@ -349,7 +351,11 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str
             results.append((proc.returncode, out, err))
     finally:
         for proc in procs:
-            proc.kill()
+            if not groups:
+                proc.kill()
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     return results
 
 

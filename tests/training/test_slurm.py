@@ -156,6 +156,15 @@ def job_state(env: dict[str, str], job: str) -> str:
     return query(env, "squeue", "-h", "-j", job, "-o", "%T")
 
 
+def relaunch(env: dict[str, str], job: str, folder: Path, pending: str, timeout: float) -> str:
+    """Wait (``timeout`` s, described as ``pending``) for a requeued ``job`` to be pending, start it without the
+    requeue delay, wait for it to finish and return its log (``job-*.out`` in ``folder``)."""
+    wait(lambda: job_state(env, job) == "PENDING", pending, timeout)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True)
+    wait(lambda: job_state(env, job) == "", "the relaunched job to finish", 600)
+    return next(folder.glob("job-*.out")).read_text()
+
+
 def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp_path):
     recipe = str(ROOT / "recipes" / "gp1d_cnp.yaml")
     env = job_env(slurm)
@@ -175,13 +184,7 @@ def test_requeued_sbatch_job_resumes_and_matches_an_uninterrupted_run(slurm, tmp
     wait((records / "paused").exists, "the job to reach step 4", 300)
     subprocess.run(["scontrol", "requeue", job], env=env, check=True)
 
-    wait(lambda: job_state(env, job) == "PENDING", "the requeued job to be pending", 120)
-    subprocess.run(
-        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True
-    )  # skip the requeue delay
-    wait(lambda: job_state(env, job) == "", "the relaunched job to finish", 600)
-
-    log = next(tmp_path.glob("job-*.out")).read_text()
+    log = relaunch(env, job, tmp_path, "the requeued job to be pending", 120)
     assert "gridtnp: stopped by SIGTERM after step 5; saved " in log
     assert "Exited with exit code 143" in log  # the scheduler sees an interrupted run, not a success
     assert "(global step 5)" in log and "resuming from" in log
@@ -218,13 +221,7 @@ def test_requeue_signal_to_a_two_task_job_saves_one_step_and_its_loss_curve_cont
     wait((records / "paused").exists, "the job to reach step 2", 300)
     subprocess.run(["scancel", "--signal=USR1", job], env=env, check=True)  # the job step's tasks, not the shell
     # Only gridtnp's `scontrol requeue` puts the job back in the queue: the signal alone does not.
-    wait(lambda: job_state(env, job) == "PENDING", "the job to requeue itself", 180)
-    subprocess.run(
-        ["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True
-    )  # skip the requeue delay
-    wait(lambda: job_state(env, job) == "", "the relaunched job to finish", 600)
-
-    log = next(tmp_path.glob("job-*.out")).read_text()
+    log = relaunch(env, job, tmp_path, "the job to requeue itself", 180)
     assert "x 2 ranks x 1 accumulated (1 node(s) x 2 device(s)" in log
     # Slurm sends SIGTERM to the tasks of a requeued job while they exit; it is ignored from the requeue on, so the
     # run's last line is printed.
